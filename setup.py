@@ -1,0 +1,27 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="wamdiff_ros",
+    version="0.1.0",
+    description="WAM-Diff2-style block-diffusion driving VLA planner for ROS 2",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["wamdiff_ros", "wamdiff_ros.*"]),
+    package_data={"wamdiff_ros": ["assets/*.png"]},
+    install_requires=[
+        "numpy>=1.26",
+        "torch>=2.4",
+        "transformers>=5.24,<5.25",
+        "tokenizers>=0.22",
+        "safetensors>=0.5",
+        "pillow>=10",
+        "tqdm>=4.66",
+    ],
+    extras_require={"test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis"]},
+    entry_points={
+        "console_scripts": [
+            "wamdiff-plan = wamdiff_ros.cli:plan_main",
+            "wamdiff-bench = wamdiff_ros.bench.__main__:main",
+        ]
+    },
+)

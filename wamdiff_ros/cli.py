@@ -1,0 +1,97 @@
+"""Console entry points (argparse only; the work happens in the planner)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from wamdiff_ros import format as fmt
+from wamdiff_ros.errors import WamDiffError
+
+SAMPLE_IMAGE = "sample_front.png"
+
+
+def sample_image_path() -> Path:
+    return Path(str(resources.files("wamdiff_ros") / "assets" / SAMPLE_IMAGE))
+
+
+def load_rgb(path: str | Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+def add_decode_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny-random", help="checkpoint folder or tiny-random (default)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--block-size", type=int, default=None, help="B (default: the checkpoint's, at most 32)")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps per block, at most (default 32)")
+    parser.add_argument("--threshold", type=float, default=None, help="confidence threshold (default 0.9)")
+    parser.add_argument("--schedule", choices=("threshold", "static"), default=None)
+    parser.add_argument("--no-constraint", action="store_true", help="do not constrain the plan to its grammar")
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="wamdiff-plan", description="Plan 8 waypoints from one front-camera image.")
+    add_decode_args(p)
+    p.add_argument("--image", default=None, help="RGB image file (default: the bundled sample)")
+    p.add_argument("--velocity", type=float, nargs=2, default=(5.0, 0.0), metavar=("VX", "VY"))
+    p.add_argument("--acceleration", type=float, nargs=2, default=(0.0, 0.0), metavar=("AX", "AY"))
+    p.add_argument("--command", default="follow", choices=[c.value for c in fmt.Command])
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--draw", default=None, metavar="OUT.png", help="write a PNG with the waypoints drawn")
+    return p
+
+
+def plan_to_dict(plan) -> dict:
+    return {
+        "waypoints": [[round(float(x), 2), round(float(y), 2)] for x, y in plan.waypoints],
+        "waypoint_confidence": [round(float(c), 4) for c in plan.waypoint_confidence],
+        "boxes": [dict(label=b.label, box=[b.x1, b.y1, b.x2, b.y2], score=b.score) for b in plan.boxes],
+        "text": plan.text,
+        "valid": plan.valid,
+        "reason": plan.reason,
+        "stats": plan.stats.as_dict(),
+    }
+
+
+def plan_main(argv: list[str] | None = None) -> int:
+    args = _plan_parser().parse_args(argv)
+    from wamdiff_ros.planner import EgoState, Planner
+
+    try:
+        planner = Planner.from_pretrained(
+            args.model, device=args.device, block_size=args.block_size, steps=args.steps,
+            threshold=args.threshold, schedule=args.schedule, constrain=not args.no_constraint,
+        )
+        image = load_rgb(args.image or sample_image_path())
+        plan = planner.plan(image, EgoState(tuple(args.velocity), tuple(args.acceleration)), args.command)
+    except (WamDiffError, OSError) as exc:
+        print(f"wamdiff-plan: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(plan_to_dict(plan)))
+    else:
+        s = plan.stats
+        print(f"model {planner.bundle.source}  mode {s.mode}  B={s.block_size}  valid={plan.valid} {plan.reason}")
+        for i, ((x, y), c) in enumerate(zip(plan.waypoints, plan.waypoint_confidence)):
+            print(f"  t={0.5 * (i + 1):.1f}s  x={x:7.2f} m  y={y:7.2f} m  confidence {c:.2f}")
+        print(f"  {s.new_tokens} tokens, {s.forward_calls} forward calls, {s.denoise_steps} denoising steps; "
+              f"vision {1e3 * s.vision_s:.1f} ms, prefill {1e3 * s.prefill_s:.1f} ms, decode {1e3 * s.decode_s:.1f} ms")
+    if args.draw:
+        from wamdiff_ros.draw import save_plan_png
+
+        summary = f"{args.command}  v=({args.velocity[0]:.1f},{args.velocity[1]:.1f})  valid={plan.valid}"
+        save_plan_png(args.draw, image, plan.waypoints, plan.boxes, plan.waypoint_confidence, summary)
+        print(f"wrote {args.draw}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(plan_main())

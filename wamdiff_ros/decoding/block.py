@@ -1,0 +1,135 @@
+"""Block-diffusion decoding with in-place prediction over a cached prefix.
+
+Per block: B [MASK] tokens; each step forwards the block against the prefix (bidirectional inside the block)
+without committing it, predicts every position in place and fixes some masked positions (threshold or static
+schedule); the block is done when no mask is left or after T steps (leftovers take their last prediction). A
+commit forward then writes the clean block's K/V. Decoding stops after the block holding EOS, and no commit runs
+after the last block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from wamdiff_ros.decoding.constraint import WaypointConstraint
+from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
+from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_top_k
+
+
+class BlockBackend(Protocol):
+    forward_calls: int
+
+    def step(self, block: torch.Tensor) -> torch.Tensor: ...  # (n,) tokens -> (n, V) logits, nothing kept
+
+    def commit(self, block: torch.Tensor) -> None: ...  # the block becomes part of the prefix
+
+
+@dataclass(slots=True)
+class StepTrace:
+    offset: int  # answer tokens before this block
+    step: int
+    block: torch.Tensor  # tokens fed to this step
+    logits: torch.Tensor  # raw logits, before the constraint
+    fixed: torch.Tensor  # positions fixed at this step
+
+
+class CachedBackend:
+    """The engine's static KV cache: the fast path."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    @property
+    def forward_calls(self) -> int:
+        return self.engine.forward_calls
+
+    def step(self, block: torch.Tensor) -> torch.Tensor:
+        return self.engine.forward(block, commit=False)
+
+    def commit(self, block: torch.Tensor) -> None:
+        self.engine.forward(block, commit=True)
+
+
+@torch.inference_mode()
+def decode_blocks(
+    backend: BlockBackend,
+    settings: DecodeSettings,
+    mask_id: int,
+    eos_id: int,
+    constraint: WaypointConstraint | None = None,
+    ignore_eos: bool = False,
+    on_step: Callable[[StepTrace], None] | None = None,
+) -> DecodeResult:
+    tokens: list[int] = []
+    confidence: list[float] = []
+    steps_per_block: list[int] = []
+    calls_before = backend.forward_calls
+    state = constraint.start_state if constraint else 0
+    while len(tokens) < settings.max_new_tokens:
+        n = min(settings.block_size, settings.max_new_tokens - len(tokens))
+        block, conf, steps = _denoise_block(backend, settings, n, mask_id, constraint, state, len(tokens), on_step)
+        steps_per_block.append(steps)
+        new = block.tolist()
+        if constraint:
+            state = constraint.advance(state, new)
+        done = not ignore_eos and eos_id in new
+        if done:
+            cut = new.index(eos_id) + 1
+            new, conf = new[:cut], conf[:cut]
+        tokens += new
+        confidence += conf.tolist()
+        if done or len(tokens) >= settings.max_new_tokens:
+            break
+        backend.commit(block)
+    return DecodeResult(tokens, confidence, backend.forward_calls - calls_before, steps_per_block)
+
+
+def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_step):
+    block = torch.full((n,), mask_id, dtype=torch.long, device=_device(backend))
+    masked = torch.ones(n, dtype=torch.bool, device=block.device)
+    conf = torch.zeros(n, dtype=torch.float32, device=block.device)
+    schedule = tokens_per_step(n, settings.steps) if settings.schedule == "static" else None
+    no_mask = torch.tensor([mask_id], device=block.device)
+    step = 0
+    prediction = block
+    while step < settings.steps:
+        logits = backend.step(block)
+        raw = logits
+        logits = logits.index_fill(-1, no_mask, float("-inf"))  # [MASK] is never an answer
+        if constraint is not None:
+            logits = constraint.apply(logits, state, block, masked, offset)
+        probs = torch.softmax(logits.float(), dim=-1)
+        p, prediction = probs.max(-1)
+        if schedule is None:
+            select = unmask_confident(p, masked, settings.threshold)
+        else:
+            select = unmask_top_k(p, masked, schedule[min(step, len(schedule) - 1)])
+        if constraint is not None:
+            select = constraint.choose(state, block, masked, offset, select, prediction)
+        block = torch.where(select, prediction, block)
+        conf = torch.where(select, p, conf)
+        masked = masked & ~select
+        if on_step is not None:
+            on_step(StepTrace(offset, step, block, raw, select))
+        step += 1
+        if not bool(masked.any()):
+            break
+    if bool(masked.any()):
+        block, conf = _fill_leftovers(block, conf, masked, prediction, p, constraint, state, offset, logits)
+    return block, conf, step
+
+
+def _fill_leftovers(block, conf, masked, prediction, p, constraint, state, offset, logits):
+    if constraint is None:
+        return torch.where(masked, prediction, block), torch.where(masked, p, conf)
+    filled, probs = constraint.fill(state, block, masked, offset, logits)
+    return filled, torch.where(masked, probs, conf)
+
+
+def _device(backend) -> torch.device:
+    engine = getattr(backend, "engine", None)
+    return engine.device if engine is not None else torch.device("cpu")

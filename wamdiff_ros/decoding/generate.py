@@ -1,0 +1,76 @@
+"""One entry point: prompt tensors + settings -> answer tokens, with per-stage timings."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from wamdiff_ros.decoding.ar import decode_ar
+from wamdiff_ros.decoding.block import CachedBackend, StepTrace, decode_blocks
+from wamdiff_ros.decoding.constraint import WaypointConstraint
+from wamdiff_ros.decoding.engine import DecoderEngine
+from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
+from wamdiff_ros.inputs import PromptInputs
+from wamdiff_ros.model import ModelBundle
+
+MODES = ("auto", "ar", "block")
+
+
+@dataclass(slots=True)
+class Generation:
+    result: DecodeResult
+    mode: str  # "ar" or "block"
+    vision_s: float
+    prefill_s: float
+    decode_s: float
+
+
+def resolve_mode(bundle: ModelBundle, settings: DecodeSettings, mode: str = "auto") -> str:
+    """auto: the checkpoint's own convention (next_token -> AR, in_place -> blocks), after checking B against it."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {MODES}")
+    if mode == "auto":
+        bundle.meta.check_block_size(settings.block_size)
+        return "ar" if bundle.meta.prediction == "next_token" else "block"
+    return mode
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def generate(
+    bundle: ModelBundle,
+    prompt: PromptInputs,
+    settings: DecodeSettings,
+    constraint: WaypointConstraint | None = None,
+    mode: str = "auto",
+    ignore_eos: bool = False,
+    on_step: Callable[[StepTrace], None] | None = None,
+) -> Generation:
+    mode = resolve_mode(bundle, settings, mode)
+    model, device = bundle.model, bundle.device
+    t0 = time.perf_counter()
+    if prompt.pixel_values is not None:
+        vision = model.model.get_image_features(prompt.pixel_values, prompt.image_grid_thw, return_dict=True)
+        prompt = PromptInputs(prompt.input_ids, prompt.mm_token_type_ids, None, prompt.image_grid_thw, vision)
+    _sync(device)
+    t1 = time.perf_counter()
+    engine = DecoderEngine(model, prompt.length + settings.max_new_tokens + settings.block_size)
+    first_logits = engine.prefill(prompt, bundle.meta.prompt_block_size)
+    _sync(device)
+    t2 = time.perf_counter()
+    if mode == "ar":
+        result = decode_ar(engine, first_logits, settings.max_new_tokens, bundle.eos_token_id, constraint, ignore_eos)
+    else:
+        result = decode_blocks(
+            CachedBackend(engine), settings, bundle.mask_token_id, bundle.eos_token_id, constraint, ignore_eos, on_step
+        )
+    _sync(device)
+    t3 = time.perf_counter()
+    return Generation(result, mode, t1 - t0, t2 - t1, t3 - t2)

@@ -1,0 +1,42 @@
+"""Decode settings (the one home of their defaults) and the result every decoder returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from wamdiff_ros.decoding.unmask import SCHEDULES
+from wamdiff_ros.errors import DecodeSettingsError
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSettings:
+    block_size: int = 32  # B; 1 with a next-token checkpoint means autoregressive decoding
+    steps: int = 32  # T: denoising steps per block, at most
+    threshold: float = 0.9
+    schedule: str = "threshold"  # or "static": ceil(B / T) tokens per step
+    max_new_tokens: int = 128
+    constrain: bool = True  # the planning grammar constraint (plan task only)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise DecodeSettingsError(f"block_size {self.block_size} must be >= 1")
+        if self.steps < 1:
+            raise DecodeSettingsError(f"steps {self.steps} must be >= 1")
+        if not 0.0 < self.threshold <= 1.0:
+            raise DecodeSettingsError(f"threshold {self.threshold} must be in (0, 1]")
+        if self.schedule not in SCHEDULES:
+            raise DecodeSettingsError(f"schedule {self.schedule!r} is not one of {SCHEDULES}")
+        if self.max_new_tokens < 1:
+            raise DecodeSettingsError(f"max_new_tokens {self.max_new_tokens} must be >= 1")
+
+
+@dataclass(slots=True)
+class DecodeResult:
+    tokens: list[int]  # answer tokens, up to and including EOS when one was produced
+    confidence: list[float]  # probability of each token when it was fixed
+    forward_calls: int = 0  # decoder forwards after the prompt prefill
+    steps_per_block: list[int] = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)

@@ -1,0 +1,248 @@
+"""The one home of the text format: prompts, answer grammar, and a parser that never raises.
+
+Frame convention (stated once, used everywhere): waypoints are in the ego frame at the current pose,
+x forward, y left, metres, one every 0.5 s for 4 s (8 points), written with 2 decimals.
+Boxes are written on a 0-1000 image grid (x right, y down) as ``label:x1,y1,x2,y2`` items joined by ``;``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+FORMAT_VERSION = 1
+NUM_WAYPOINTS = 8
+WAYPOINT_DT_S = 0.5
+WAYPOINT_DECIMALS = 2
+MAX_INT_DIGITS = 3  # |coordinate| < 1000 m
+BOX_GRID = 1000
+NO_BOXES = "none"
+
+IMAGE_PLACEHOLDER = "<image>"
+CHAT_USER = "<|im_start|>user\n"
+CHAT_END = "<|im_end|>"
+CHAT_ASSISTANT = "<|im_start|>assistant\n"
+
+
+class Task(str, enum.Enum):
+    PLAN = "plan"
+    DETECT = "detect"
+    ASK = "ask"
+
+
+class Command(str, enum.Enum):
+    LEFT = "left"
+    RIGHT = "right"
+    STRAIGHT = "straight"
+    FOLLOW = "follow"
+
+    @property
+    def phrase(self) -> str:
+        return _COMMAND_PHRASES[self]
+
+
+_COMMAND_PHRASES = {
+    Command.LEFT: "left",
+    Command.RIGHT: "right",
+    Command.STRAIGHT: "straight",
+    Command.FOLLOW: "lane follow",
+}
+
+_IMAGE_INTRO = f"Here is a front-view images from a driving vehicle: {IMAGE_PLACEHOLDER}\n"
+_PLAN_INSTRUCTION = (
+    "Instruction: Based on the visual motion cues from the image (such as the relative speed of other vehicles and "
+    "the changing distance to the intersection) and the provided telemetry, "
+    "predict the optimal driving action for the next 4 seconds with 8 new waypoints."
+)
+_DETECT_INSTRUCTION = (
+    "Instruction: Detect every vehicle in the image. Answer with label:x1,y1,x2,y2 boxes on a 0-1000 grid "
+    f"joined by ';', or '{NO_BOXES}'."
+)
+
+
+def _pair(a: float, b: float) -> str:
+    return f"({_num(a)},{_num(b)})"
+
+
+def _num(v: float) -> str:
+    text = f"{float(v):.{WAYPOINT_DECIMALS}f}"
+    return "0.00" if text == "-0.00" else text
+
+
+def plan_prompt(command: Command, velocity: tuple[float, float], acceleration: tuple[float, float]) -> str:
+    """WAM-Diff2's NAVSIM planning prompt (user turn, before chat wrapping)."""
+    return (
+        _IMAGE_INTRO
+        + f"The navigation information is: {Command(command).phrase}\n"
+        + "The current position is (0.00,0.00)\n"
+        + f"The current velocity is: {_pair(*velocity)} and current accelerate is: {_pair(*acceleration)}\n"
+        + _PLAN_INSTRUCTION
+    )
+
+
+def detect_prompt() -> str:
+    return _IMAGE_INTRO + _DETECT_INSTRUCTION
+
+
+def ask_prompt(question: str) -> str:
+    return _IMAGE_INTRO + f"Question: {question.strip()}"
+
+
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+
+
+def chat(user: str, image_tokens: int) -> str:
+    """Qwen chat text for one user turn, as WAM-Diff2 renders it: the text around ``<image>`` is stripped and the
+    image becomes ``image_tokens`` pad tokens; the assistant's answer follows and ends with ``<|im_end|>``."""
+    before, sep, after = user.partition(IMAGE_PLACEHOLDER)
+    content = before.strip()
+    if sep:
+        content += VISION_START + IMAGE_PAD * image_tokens + VISION_END + after.strip()
+    return f"{CHAT_USER}{content}{CHAT_END}\n{CHAT_ASSISTANT}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Answers
+
+
+def format_waypoints(waypoints: np.ndarray) -> str:
+    limit = 10.0**MAX_INT_DIGITS - 0.01
+    arr = np.clip(np.asarray(waypoints, dtype=np.float64).reshape(NUM_WAYPOINTS, 2), -limit, limit)
+    return ",".join(_num(v) for v in arr.reshape(-1))
+
+
+@dataclass(frozen=True, slots=True)
+class Box:
+    label: str
+    x1: float
+    y1: float
+    x2: float
+    y2: float
+    score: float = 1.0
+
+
+def format_boxes(boxes: list[Box]) -> str:
+    if not boxes:
+        return NO_BOXES
+    return ";".join(
+        f"{b.label}:{int(round(b.x1))},{int(round(b.y1))},{int(round(b.x2))},{int(round(b.y2))}" for b in boxes
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WaypointParse:
+    waypoints: np.ndarray  # (8, 2) float32, zeros when invalid
+    valid: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BoxParse:
+    boxes: list[Box] = field(default_factory=list)
+    valid: bool = True
+    reason: str = ""
+
+
+_NUMBER = re.compile(r"^-?\d{1,%d}\.\d{%d}$" % (MAX_INT_DIGITS, WAYPOINT_DECIMALS))
+_BOX_ITEM = re.compile(r"^\s*([A-Za-z][\w \-]*)\s*:\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*,"
+                       r"\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*$")
+
+
+def _strip_answer(text: str) -> str:
+    if not isinstance(text, str):
+        return ""
+    return text.split(CHAT_END, 1)[0].strip()
+
+
+def parse_waypoints(text: str) -> WaypointParse:
+    """Parse ``x1,y1,...,x8,y8``. Never raises; an invalid answer carries the reason."""
+    zeros = np.zeros((NUM_WAYPOINTS, 2), dtype=np.float32)
+    body = _strip_answer(text)
+    if not body:
+        return WaypointParse(zeros, False, "empty answer")
+    parts = [p.strip() for p in body.split(",")]
+    if len(parts) != 2 * NUM_WAYPOINTS:
+        return WaypointParse(zeros, False, f"expected {2 * NUM_WAYPOINTS} numbers, got {len(parts)}")
+    for i, part in enumerate(parts):
+        if not _NUMBER.match(part):
+            return WaypointParse(zeros, False, f"number {i + 1} {part[:20]!r} is not like -12.34")
+    values = np.array([float(p) for p in parts], dtype=np.float32).reshape(NUM_WAYPOINTS, 2)
+    return WaypointParse(values, True, "")
+
+
+def parse_boxes(text: str) -> BoxParse:
+    """Parse ``label:x1,y1,x2,y2;...`` on the 0-1000 grid. Never raises."""
+    body = _strip_answer(text)
+    if body == NO_BOXES:
+        return BoxParse([], True, "")
+    if not body:
+        return BoxParse([], False, "empty answer")
+    boxes: list[Box] = []
+    for i, item in enumerate(body.split(";")):
+        m = _BOX_ITEM.match(item)
+        if m is None:
+            return BoxParse(boxes, False, f"box {i + 1} {item[:30]!r} is not like car:10,20,30,40")
+        x1, y1, x2, y2 = (float(g) for g in m.groups()[1:])
+        if not all(math.isfinite(v) and 0 <= v <= BOX_GRID for v in (x1, y1, x2, y2)):
+            return BoxParse(boxes, False, f"box {i + 1} leaves the 0-{BOX_GRID} grid")
+        if x2 <= x1 or y2 <= y1:
+            return BoxParse(boxes, False, f"box {i + 1} has no area")
+        boxes.append(Box(m.group(1).strip(), x1, y1, x2, y2))
+    return BoxParse(boxes, True, "")
+
+
+def parse_text(text: str) -> str:
+    return _strip_answer(text)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Character grammar of the planning answer, for the decoder's vocabulary constraint.
+# States: number k in [0, 16) times a position inside the number, then DONE (answer complete, EOS next).
+# Inside a number: 0 start, 1 after '-', 2..1+MAX_INT_DIGITS after that many integer digits, then '.', then
+# the decimals. The decoder lifts this to tokens; the parser above accepts everything this accepts.
+
+_SUB_START, _SUB_SIGN = 0, 1
+_SUB_DOT = 2 + MAX_INT_DIGITS  # states 2 .. 1+MAX_INT_DIGITS count integer digits
+_SUB_STATES = _SUB_DOT + 1 + WAYPOINT_DECIMALS
+_NUMBERS = 2 * NUM_WAYPOINTS
+WAYPOINT_GRAMMAR_STATES = _NUMBERS * _SUB_STATES
+WAYPOINT_GRAMMAR_START = 0
+
+
+def waypoint_grammar_step(state: int, char: str) -> int:
+    """Next state after ``char``, or -1 where the grammar forbids it."""
+    if not 0 <= state < WAYPOINT_GRAMMAR_STATES:
+        return -1
+    k, sub = divmod(state, _SUB_STATES)
+    base = k * _SUB_STATES
+    digit = len(char) == 1 and "0" <= char <= "9"
+    if sub == _SUB_START:
+        return base + _SUB_SIGN if char == "-" else (base + 2 if digit else -1)
+    if sub == _SUB_SIGN:
+        return base + 2 if digit else -1
+    if sub < _SUB_DOT:
+        if char == ".":
+            return base + _SUB_DOT
+        return base + sub + 1 if digit and sub + 1 < _SUB_DOT else -1
+    if sub < _SUB_STATES - 1:
+        return base + sub + 1 if digit else -1
+    return base + _SUB_STATES if char == "," and k + 1 < _NUMBERS else -1
+
+
+def waypoint_grammar_run(state: int, text: str) -> int:
+    for ch in text:
+        state = waypoint_grammar_step(state, ch)
+        if state < 0:
+            return -1
+    return state
+
+
+def waypoint_grammar_complete(state: int) -> bool:
+    """True when all 16 numbers are written: the answer may end (EOS) here."""
+    return state == WAYPOINT_GRAMMAR_STATES - 1

@@ -1,0 +1,203 @@
+"""The planner facade: typed inputs (image, ego state, command) -> a typed plan. No ROS here."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from wamdiff_ros import format as fmt
+from wamdiff_ros.decoding.constraint import WaypointConstraint
+from wamdiff_ros.decoding.generate import Generation, generate
+from wamdiff_ros.decoding.settings import DecodeSettings
+from wamdiff_ros.errors import CommandError, EgoStateError, ImageError, InputError
+from wamdiff_ros.inputs import encode_prompt
+from wamdiff_ros.model import ModelBundle, load
+
+MIN_IMAGE_SIDE = 32
+MAX_ASPECT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class EgoState:
+    """Ego motion in the ego frame (x forward, y left): velocity in m/s, acceleration in m/s^2."""
+
+    velocity: tuple[float, float]
+    acceleration: tuple[float, float] = (0.0, 0.0)
+
+
+@dataclass(slots=True)
+class PlanStats:
+    mode: str = ""  # "ar" or "block"
+    block_size: int = 0
+    forward_calls: int = 0
+    new_tokens: int = 0
+    denoise_steps: int = 0
+    vision_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(slots=True)
+class Plan:
+    waypoints: np.ndarray  # (8, 2) float32, ego frame; zeros when not valid
+    waypoint_confidence: np.ndarray  # (8,) float32: min over each waypoint's tokens
+    boxes: list[fmt.Box] = field(default_factory=list)
+    text: str = ""
+    valid: bool = False
+    reason: str = ""
+    stats: PlanStats = field(default_factory=PlanStats)
+
+
+def check_image(image: object) -> np.ndarray:
+    if not isinstance(image, np.ndarray):
+        raise ImageError("image", f"expected an HxWx3 uint8 numpy array, got {type(image).__name__}")
+    if image.size == 0:
+        raise ImageError("image", f"image is empty (shape {image.shape})")
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ImageError("image", f"expected shape HxWx3 (RGB), got {image.shape}")
+    if image.dtype != np.uint8:
+        raise ImageError("image", f"expected dtype uint8, got {image.dtype}")
+    h, w = image.shape[:2]
+    if min(h, w) < MIN_IMAGE_SIDE:
+        raise ImageError("image", f"image {w}x{h} is smaller than {MIN_IMAGE_SIDE} pixels on a side")
+    if max(h, w) > MAX_ASPECT * min(h, w):
+        raise ImageError("image", f"image {w}x{h} has an aspect ratio above {MAX_ASPECT}")
+    return np.ascontiguousarray(image)
+
+
+def check_ego(ego: object) -> EgoState:
+    if not isinstance(ego, EgoState):
+        raise EgoStateError("ego", f"expected EgoState, got {type(ego).__name__}")
+    for name in ("velocity", "acceleration"):
+        value = getattr(ego, name)
+        try:
+            pair = tuple(float(v) for v in value)
+        except (TypeError, ValueError):
+            raise EgoStateError(f"ego.{name}", f"expected two numbers, got {value!r}") from None
+        if len(pair) != 2:
+            raise EgoStateError(f"ego.{name}", f"expected two numbers (x, y), got {len(pair)}")
+        if not all(math.isfinite(v) for v in pair):
+            raise EgoStateError(f"ego.{name}", f"values must be finite, got {pair}")
+    return ego
+
+
+def check_command(command: object) -> fmt.Command:
+    if isinstance(command, fmt.Command):
+        return command
+    if isinstance(command, str):
+        try:
+            return fmt.Command(command.strip().lower())
+        except ValueError:
+            pass
+    choices = ", ".join(c.value for c in fmt.Command)
+    raise CommandError("command", f"unknown navigation command {command!r}; expected one of {choices}")
+
+
+def waypoint_confidence(token_texts: list[str], confidence: list[float]) -> np.ndarray:
+    """Per waypoint: the minimum confidence over the tokens that write its two numbers."""
+    out = np.ones(fmt.NUM_WAYPOINTS, dtype=np.float32)
+    number = 0
+    for text, conf in zip(token_texts, confidence):
+        for ch in text:
+            if ch == ",":
+                number += 1
+            elif number < 2 * fmt.NUM_WAYPOINTS and not ch.isspace():
+                out[number // 2] = min(out[number // 2], conf)
+    return out
+
+
+class Planner:
+    def __init__(self, bundle: ModelBundle, settings: DecodeSettings) -> None:
+        bundle.meta.check_block_size(settings.block_size)
+        self.bundle = bundle
+        self.settings = settings
+        vocab = bundle.model.get_output_embeddings().weight.shape[0]
+        self._constraint = (
+            WaypointConstraint(bundle.tokenizer, bundle.eos_token_id, settings.max_new_tokens, vocab)
+            if settings.constrain
+            else None
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str = "tiny-random",
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        block_size: int | None = None,
+        steps: int | None = None,
+        threshold: float | None = None,
+        schedule: str | None = None,
+        max_new_tokens: int | None = None,
+        constrain: bool = True,
+    ) -> Planner:
+        """``path``: a checkpoint folder or "tiny-random". Unset decode settings take the package defaults, the
+        block size at most the checkpoint's trained one."""
+        bundle = load(path, device=device, dtype=dtype)
+        defaults = DecodeSettings()
+        settings = DecodeSettings(
+            block_size=block_size if block_size is not None else min(defaults.block_size, bundle.meta.trained_block_size),
+            steps=steps if steps is not None else defaults.steps,
+            threshold=threshold if threshold is not None else defaults.threshold,
+            schedule=schedule if schedule is not None else defaults.schedule,
+            max_new_tokens=max_new_tokens if max_new_tokens is not None else defaults.max_new_tokens,
+            constrain=constrain,
+        )
+        return cls(bundle, settings)
+
+    def _run(self, user_text: str, image: np.ndarray, constraint: WaypointConstraint | None) -> tuple[str, Generation]:
+        prompt = encode_prompt(self.bundle, user_text, image)
+        generation = generate(self.bundle, prompt, self.settings, constraint)
+        tokens = [t for t in generation.result.tokens if t != self.bundle.eos_token_id]
+        return self.bundle.tokenizer.decode(tokens, skip_special_tokens=False), generation
+
+    def _stats(self, generation: Generation) -> PlanStats:
+        r = generation.result
+        return PlanStats(
+            mode=generation.mode,
+            block_size=self.settings.block_size if generation.mode == "block" else 1,
+            forward_calls=r.forward_calls,
+            new_tokens=r.new_tokens,
+            denoise_steps=sum(r.steps_per_block),
+            vision_s=generation.vision_s,
+            prefill_s=generation.prefill_s,
+            decode_s=generation.decode_s,
+        )
+
+    def plan(self, image: np.ndarray, ego: EgoState, command: fmt.Command | str) -> Plan:
+        image = check_image(image)
+        ego = check_ego(ego)
+        command = check_command(command)
+        prompt = fmt.plan_prompt(command, ego.velocity, ego.acceleration)
+        text, generation = self._run(prompt, image, self._constraint)
+        parsed = fmt.parse_waypoints(text)
+        texts = [self.bundle.tokenizer.decode([t]) for t in generation.result.tokens]
+        conf = waypoint_confidence(texts, generation.result.confidence)
+        if not parsed.valid:
+            conf = np.zeros(fmt.NUM_WAYPOINTS, dtype=np.float32)
+        return Plan(parsed.waypoints, conf, [], text, parsed.valid, parsed.reason, self._stats(generation))
+
+    def detect(self, image: np.ndarray) -> Plan:
+        image = check_image(image)
+        text, generation = self._run(fmt.detect_prompt(), image, None)
+        parsed = fmt.parse_boxes(text)
+        zeros = np.zeros((fmt.NUM_WAYPOINTS, 2), dtype=np.float32)
+        return Plan(zeros, np.zeros(fmt.NUM_WAYPOINTS, np.float32), parsed.boxes, text, parsed.valid, parsed.reason,
+                    self._stats(generation))
+
+    def ask(self, image: np.ndarray, question: str) -> Plan:
+        image = check_image(image)
+        if not isinstance(question, str) or not question.strip():
+            raise InputError("question", "expected a non-empty string")
+        text, generation = self._run(fmt.ask_prompt(question), image, None)
+        zeros = np.zeros((fmt.NUM_WAYPOINTS, 2), dtype=np.float32)
+        answer = fmt.parse_text(text)
+        return Plan(zeros, np.zeros(fmt.NUM_WAYPOINTS, np.float32), [], answer, bool(answer),
+                    "" if answer else "empty answer", self._stats(generation))
