@@ -113,6 +113,8 @@ def chat(user: str, image_tokens: int) -> str:
 
 def format_waypoints(waypoints: np.ndarray) -> str:
     limit = 10.0**MAX_INT_DIGITS - 0.01
+    if np.isnan(np.asarray(waypoints, dtype=np.float64)).any():
+        raise ValueError("waypoints contain NaN")
     arr = np.clip(np.asarray(waypoints, dtype=np.float64).reshape(NUM_WAYPOINTS, 2), -limit, limit)
     return ",".join(_num(v) for v in arr.reshape(-1))
 
@@ -149,9 +151,9 @@ class BoxParse:
     reason: str = ""
 
 
-_NUMBER = re.compile(r"^-?\d{1,%d}\.\d{%d}$" % (MAX_INT_DIGITS, WAYPOINT_DECIMALS))
-_BOX_ITEM = re.compile(r"^\s*([A-Za-z][\w \-]*)\s*:\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*,"
-                       r"\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*$")
+_NUMBER = re.compile(r"^-?[0-9]{1,%d}\.[0-9]{%d}$" % (MAX_INT_DIGITS, WAYPOINT_DECIMALS))
+_BOX_ITEM = re.compile(r"^\s*([A-Za-z][\w \-]*)\s*:\s*(-?[0-9]+(?:\.[0-9]+)?)\s*,\s*(-?[0-9]+(?:\.[0-9]+)?)\s*,"
+                       r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*,\s*(-?[0-9]+(?:\.[0-9]+)?)\s*$", re.ASCII)
 
 
 def _strip_answer(text: str) -> str:
