@@ -108,7 +108,7 @@ def waypoint_confidence(token_texts: list[str], confidence: list[float]) -> np.n
         for ch in text:
             if ch == ",":
                 number += 1
-            elif number < 2 * fmt.NUM_WAYPOINTS and not ch.isspace():
+            elif number < 2 * fmt.NUM_WAYPOINTS and ch in "0123456789.-":
                 out[number // 2] = min(out[number // 2], conf)
     return out
 

@@ -2,9 +2,10 @@
 
 Per block: B [MASK] tokens; each step forwards the block against the prefix (bidirectional inside the block)
 without committing it, predicts every position in place and fixes some masked positions (threshold or static
-schedule); the block is done when no mask is left or after T steps (leftovers take their last prediction). A
-commit forward then writes the clean block's K/V. Decoding stops after the block holding EOS, and no commit runs
-after the last block.
+schedule); the block is done when no mask is left or after T steps (leftovers take their last prediction). The
+clean block's K/V are then committed, fused into the next block's first step (one forward, exact: the clean
+tokens do not see the new block). Decoding stops after the block holding EOS; nothing is committed after the
+last block, so a block costs exactly the steps it ran.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class BlockBackend(Protocol):
 
     def step(self, block: torch.Tensor) -> torch.Tensor: ...  # (n,) tokens -> (n, V) logits, nothing kept
 
-    def commit(self, block: torch.Tensor) -> None: ...  # the block becomes part of the prefix
+    def commit_and_step(self, clean: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        ...  # ``clean`` joins the prefix; returns ``step(block)`` against the longer prefix
 
 
 @dataclass(slots=True)
@@ -50,8 +52,8 @@ class CachedBackend:
     def step(self, block: torch.Tensor) -> torch.Tensor:
         return self.engine.forward(block, commit=False)
 
-    def commit(self, block: torch.Tensor) -> None:
-        self.engine.forward(block, commit=True)
+    def commit_and_step(self, clean: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        return self.engine.commit_and_step(clean, block)
 
 
 @torch.inference_mode()
@@ -69,9 +71,12 @@ def decode_blocks(
     steps_per_block: list[int] = []
     calls_before = backend.forward_calls
     state = constraint.start_state if constraint else 0
+    pending: torch.Tensor | None = None  # the finished block, committed by the next block's first forward
     while len(tokens) < settings.max_new_tokens:
         n = min(settings.block_size, settings.max_new_tokens - len(tokens))
-        block, conf, steps = _denoise_block(backend, settings, n, mask_id, constraint, state, len(tokens), on_step)
+        block, conf, steps = _denoise_block(
+            backend, settings, n, mask_id, constraint, state, len(tokens), on_step, pending
+        )
         steps_per_block.append(steps)
         new = block.tolist()
         if constraint:
@@ -84,11 +89,11 @@ def decode_blocks(
         confidence += conf.tolist()
         if done or len(tokens) >= settings.max_new_tokens:
             break
-        backend.commit(block)
+        pending = block
     return DecodeResult(tokens, confidence, backend.forward_calls - calls_before, steps_per_block)
 
 
-def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_step):
+def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_step, pending):
     block = torch.full((n,), mask_id, dtype=torch.long, device=_device(backend))
     masked = torch.ones(n, dtype=torch.bool, device=block.device)
     conf = torch.zeros(n, dtype=torch.float32, device=block.device)
@@ -97,7 +102,7 @@ def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_
     step = 0
     prediction = block
     while step < settings.steps:
-        logits = backend.step(block)
+        logits = backend.step(block) if pending is None or step else backend.commit_and_step(pending, block)
         raw = logits
         logits = logits.index_fill(-1, no_mask, float("-inf"))  # [MASK] is never an answer
         if constraint is not None:

@@ -5,7 +5,7 @@ preallocated buffers. Every later forward runs only response tokens, whose three
 one precomputed cos/sin table indexed by position serves them. A forward writes its K/V at
 ``[length, length + n)`` and attends over ``[0, length + n)`` with no mask (the whole prefix is visible and the
 new tokens see each other both ways); ``commit=True`` advances ``length``, otherwise the slots are scratch that
-the next forward overwrites.
+the next forward overwrites. ``commit_and_step`` fuses a block's commit with the next block's first step.
 """
 
 from __future__ import annotations
@@ -82,6 +82,22 @@ class DecoderEngine:
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, commit: bool) -> torch.Tensor:
         """Forward ``tokens`` (n,) placed at ``[length, length + n)``; returns logits (n, V)."""
+        return self._forward(tokens, None, tokens.shape[0] if commit else 0, 0)
+
+    @torch.inference_mode()
+    def commit_and_step(self, clean: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        """One forward that commits ``clean`` and runs the first step of the following ``block``: the clean tokens
+        see the prefix and each other (not the block), the block sees everything, exactly as a commit forward
+        followed by a step would. Returns the block's logits."""
+        c = clean.shape[0]
+        n = c + block.shape[0]
+        visible = torch.ones(n, self.length + n, dtype=torch.bool, device=self.device)
+        visible[:c, self.length + c:] = False
+        return self._forward(torch.cat([clean, block]), visible[None, None], c, c)
+
+    def _forward(self, tokens: torch.Tensor, mask: torch.Tensor | None, advance: int, skip: int) -> torch.Tensor:
+        """Write K/V of ``tokens`` at ``[length, length + n)``, advance ``length`` by ``advance`` and return the
+        logits of all but the first ``skip`` tokens."""
         n = tokens.shape[0]
         start, end = self.length, self.length + n
         if end > self.capacity:
@@ -99,11 +115,11 @@ class DecoderEngine:
             self.keys[i, :, :, start:end] = k
             self.values[i, :, :, start:end] = v
             o = F.scaled_dot_product_attention(
-                q, self.keys[i, :, :, :end], self.values[i, :, :, :end], scale=attn.scaling, enable_gqa=True
+                q, self.keys[i, :, :, :end], self.values[i, :, :, :end], attn_mask=mask, scale=attn.scaling,
+                enable_gqa=True,
             )
             h = h + attn.o_proj(o.transpose(1, 2).reshape(1, n, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        if commit:
-            self.length = end
+        self.length += advance
         self.forward_calls += 1
-        return self.lm_head(self.norm(h))[0]
+        return self.lm_head(self.norm(h[:, skip:]))[0]

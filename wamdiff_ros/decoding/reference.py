@@ -47,5 +47,6 @@ class FullSequenceBackend:
         committed = torch.tensor(self.committed, dtype=torch.long, device=block.device)
         return self.logits(torch.cat([committed, block]))[-len(block):]
 
-    def commit(self, block: torch.Tensor) -> None:
-        self.committed += block.tolist()
+    def commit_and_step(self, clean: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        self.committed += clean.tolist()
+        return self.step(block)
