@@ -24,14 +24,13 @@ def decode_ar(
     calls_before = engine.forward_calls
     state = constraint.start_state if constraint else 0
     logits = first_logits
-    none_masked = torch.zeros(1, dtype=torch.bool, device=logits.device)
+    masked = torch.ones(1, dtype=torch.bool)
+    placeholder = torch.zeros(1, dtype=torch.long)
     for i in range(max_new_tokens):
         if constraint is not None:
-            placeholder = torch.zeros(1, dtype=torch.long, device=logits.device)
-            allowed = constraint.allowed_tokens(state, placeholder, ~none_masked, i)[0]
-            logits = logits.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(logits.float(), dim=-1)
-        p, token = probs.max(-1)
+            p, token = (x[0] for x in constraint.view(state, placeholder, masked, i).decide(logits[None]))
+        else:
+            p, token = torch.softmax(logits.float(), dim=-1).max(-1)
         tokens.append(int(token))
         confidence.append(float(p))
         if constraint is not None:

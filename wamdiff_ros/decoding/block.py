@@ -101,20 +101,22 @@ def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_
     no_mask = torch.tensor([mask_id], device=block.device)
     step = 0
     prediction = block
+    view = None
     while step < settings.steps:
         logits = backend.step(block) if pending is None or step else backend.commit_and_step(pending, block)
         raw = logits
-        logits = logits.index_fill(-1, no_mask, float("-inf"))  # [MASK] is never an answer
-        if constraint is not None:
-            logits = constraint.apply(logits, state, block, masked, offset)
-        probs = torch.softmax(logits.float(), dim=-1)
-        p, prediction = probs.max(-1)
+        if constraint is not None:  # the grammar never allows [MASK]
+            view = constraint.view(state, block, masked, offset) if view is None else constraint.next_view(view)
+            p, prediction = view.decide(logits)
+        else:
+            logits = logits.index_fill(-1, no_mask, float("-inf"))  # [MASK] is never an answer
+            p, prediction = torch.softmax(logits.float(), dim=-1).max(-1)
         if schedule is None:
             select = unmask_confident(p, masked, settings.threshold)
         else:
             select = unmask_top_k(p, masked, schedule[min(step, len(schedule) - 1)])
-        if constraint is not None:
-            select = constraint.choose(state, block, masked, offset, select, prediction)
+        if view is not None:
+            select = view.choose(select, prediction)
         block = torch.where(select, prediction, block)
         conf = torch.where(select, p, conf)
         masked = masked & ~select
@@ -123,16 +125,13 @@ def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_
         step += 1
         if not bool(masked.any()):
             break
-    if bool(masked.any()):
-        block, conf = _fill_leftovers(block, conf, masked, prediction, p, constraint, state, offset, logits)
+    if bool(masked.any()):  # out of steps: leftovers take their last prediction (in-grammar when constrained)
+        if view is None:
+            block, conf = torch.where(masked, prediction, block), torch.where(masked, p, conf)
+        else:
+            filled, filled_conf = constraint.next_view(view).fill(block, view.grammar_logits)
+            block, conf = filled, torch.where(masked, filled_conf, conf)
     return block, conf, step
-
-
-def _fill_leftovers(block, conf, masked, prediction, p, constraint, state, offset, logits):
-    if constraint is None:
-        return torch.where(masked, prediction, block), torch.where(masked, p, conf)
-    filled, probs = constraint.fill(state, block, masked, offset, logits)
-    return filled, torch.where(masked, probs, conf)
 
 
 def _device(backend) -> torch.device:

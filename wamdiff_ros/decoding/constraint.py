@@ -9,10 +9,14 @@ jointly and falls back to adding them one by one in confidence order when they c
 State sets are Python ints used as bitsets (bit = grammar state). A token's effect on a state only shifts it by a
 constant that depends on the position inside a number, so one transition is a few mask-and-shift operations, and
 tokens with the same effect (all single digits, say) share one signature.
+
+Per denoising step the decoder opens a ``BlockView`` (the block's grammar codes and its forward / backward state
+sets), masks the logits with it and lets it vet the positions it wants to fix.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from wamdiff_ros import format as fmt
@@ -22,6 +26,17 @@ _MASKED = -1
 _FORBIDDEN = -2
 
 Groups = tuple[tuple[int, int], ...]  # (shift, source-state mask) pairs
+
+
+def _compile(groups: Groups, inverse: bool = False):
+    """A function applying ``groups`` (or their inverse) to a state bitset: one call, no loop, on the hot path."""
+    if not groups:
+        return lambda x: 0
+    if inverse:
+        terms = " | ".join(f"((x >> {shift}) & {mask})" for shift, mask in groups)
+    else:
+        terms = " | ".join(f"((x & {mask}) << {shift})" for shift, mask in groups)
+    return eval(f"lambda x: {terms}")  # noqa: S307 - built from integers computed above
 
 
 def _image(states: int, groups: Groups) -> int:
@@ -45,7 +60,7 @@ class WaypointConstraint:
         n_char = fmt.WAYPOINT_GRAMMAR_STATES
         self.end_state = n_char  # after EOS; EOS repeats to pad the budget
         signatures: dict[Groups, int] = {}
-        token_sig = torch.full((vocab_size,), _FORBIDDEN, dtype=torch.long)
+        token_sig = np.full(vocab_size, _FORBIDDEN, dtype=np.int64)
         for token_id in range(min(vocab_size, len(tokenizer))):
             if token_id == eos_id:
                 continue
@@ -77,150 +92,148 @@ class WaypointConstraint:
         for _ in range(max_new_tokens):
             coreach.append(_preimage(coreach[-1], self.any_groups) | coreach[-1])
         self.coreach = coreach
-        self._rows: dict[int, torch.Tensor] = {}
+        # transition functions indexed by code + 2 (code: _FORBIDDEN, _MASKED, then signature ids)
+        all_groups = [(), self.any_groups] + self.signatures
+        self.image_fns = [_compile(g) for g in all_groups]
+        self.preimage_fns = [_compile(g, inverse=True) for g in all_groups]
+        # Under the constraint a masked position's distribution lives on the grammar tokens only, so the decoder
+        # works on their K logits instead of the vocabulary; additive rows (0 allowed, -inf not) per allowed set.
+        self.grammar_ids = np.flatnonzero(token_sig >= 0)
+        self._grammar_ids = torch.from_numpy(self.grammar_ids)
+        self._grammar_sig = token_sig[self.grammar_ids]
+        self._row_index: dict[frozenset[int], int] = {}
+        self._rows = np.zeros((0, len(self.grammar_ids)), dtype=np.float32)
         self._sig_memo: dict[tuple[int, int], int] = {}
-        self._fwd_memo: tuple[tuple, list[int]] | None = None
+        self._free_row = self._row_for(frozenset(range(len(self.signatures))))  # fixed positions: unused
 
     @property
     def start_state(self) -> int:
         """Grammar state set (bitset) before the first answer token."""
         return 1 << fmt.WAYPOINT_GRAMMAR_START
 
-    # -- state sets --------------------------------------------------------------------------------------------
     def advance(self, states: int, tokens: list[int]) -> int:
-        for sig in self.token_sig[tokens].tolist() if tokens else []:
-            states = _image(states, self.signatures[sig]) if sig >= 0 else 0
+        for sig in self.token_sig[np.asarray(tokens, dtype=np.int64)].tolist():
+            states = self.step_states(states, sig)
         return states
 
-    def _codes(self, block: torch.Tensor, masked: torch.Tensor) -> tuple[int, ...]:
-        sig = self.token_sig[block.clamp(0, self.vocab - 1).cpu()]
-        return tuple(sig.masked_fill(masked.cpu(), _MASKED).tolist())
+    def step_states(self, states: int, code: int) -> int:
+        return self.image_fns[code + 2](states)
 
-    def _forward(self, states: int, codes: tuple[int, ...]) -> list[int]:
-        key = (states, codes)
-        if self._fwd_memo is not None and self._fwd_memo[0] == key:
-            return self._fwd_memo[1]
-        fwd = [states]
-        for code in codes:
-            if code == _MASKED:
-                states = _image(states, self.any_groups)
-            else:
-                states = _image(states, self.signatures[code]) if code >= 0 else 0
-            fwd.append(states)
-        self._fwd_memo = (key, fwd)
-        return fwd
-
-    def _backward(self, codes: tuple[int, ...], offset: int) -> list[int]:
-        states = self.coreach[self._budget(offset + len(codes))]
-        bwd = [states]
-        for code in reversed(codes):
-            if code == _MASKED:
-                states = _preimage(states, self.any_groups)
-            else:
-                states = _preimage(states, self.signatures[code]) if code >= 0 else 0
-            bwd.append(states)
-        bwd.reverse()
-        return bwd
-
-    def _budget(self, produced: int) -> int:
+    def budget(self, produced: int) -> int:
         return max(self.max_new_tokens - produced, 0)
 
-    def _row(self, allowed_sigs: int) -> torch.Tensor:
-        row = self._rows.get(allowed_sigs)
-        if row is None:
-            if allowed_sigs == 0:  # fixed position (or an already infeasible block): leave the logits alone
-                row = torch.ones(self.vocab, dtype=torch.bool)
-            else:
-                sigs = torch.tensor([g for g in range(len(self.signatures)) if allowed_sigs >> g & 1])
-                row = torch.isin(self.token_sig, sigs)
-            self._rows[allowed_sigs] = row
-        return row
-
-    # -- decoder interface ---------------------------------------------------------------------------------------
-    def allowed_tokens(self, states: int, block: torch.Tensor, masked: torch.Tensor, offset: int) -> torch.Tensor:
-        """(n, V) bool: tokens each masked position may take given the fixed ones. ``offset``: answer tokens
-        before this block; ``states``: grammar state set after them."""
-        codes = self._codes(block, masked)
-        fwd = self._forward(states, codes)
-        bwd = self._backward(codes, offset)
-        self._last_backward = (states, codes, offset, bwd)
-        keys = [self._allowed_sigs(fwd[j] & bwd[j], bwd[j + 1]) if code == _MASKED else 0
-                for j, code in enumerate(codes)]
-        return torch.stack([self._row(k) for k in keys]).to(block.device)
-
-    def _allowed_sigs(self, here: int, there: int) -> int:
-        """Bitset of signatures leading from a state in ``here`` to one in ``there``."""
+    def allowed_row(self, here: int, there: int) -> int:
+        """Index of the penalty row allowing the signatures that lead from a state in ``here`` to one in
+        ``there``."""
         key = (here, there)
-        sigs = self._sig_memo.get(key)
-        if sigs is None:
-            sigs = 0
-            for g, groups in enumerate(self.signatures):
-                if _image(here, groups) & there:
-                    sigs |= 1 << g
+        row = self._sig_memo.get(key)
+        if row is None:
+            sigs = [g for g, groups in enumerate(self.signatures) if _image(here, groups) & there]
+            row = self._row_for(frozenset(sigs))
             if len(self._sig_memo) > 65536:
                 self._sig_memo.clear()
-            self._sig_memo[key] = sigs
-        return sigs
+            self._sig_memo[key] = row
+        return row
 
-    def fill(self, states: int, block: torch.Tensor, masked: torch.Tensor, offset: int, logits: torch.Tensor):
-        """Fix every masked position left to right with its best allowed token (no model call); returns the
-        block and each filled token's probability under the constrained distribution (0 elsewhere)."""
-        codes = self._codes(block, masked)
-        bwd = self._backward(codes, offset)
-        block = block.clone()
-        probs_out = torch.zeros(len(codes), dtype=torch.float32)
-        cur = states
-        for j, code in enumerate(codes):
-            if code == _MASKED:
-                row = self._row(self._allowed_sigs(cur & bwd[j], bwd[j + 1])).to(logits.device)
-                probs = torch.softmax(logits[j].float().masked_fill(~row, float("-inf")), -1)
-                best = int(probs.argmax())
-                block[j] = best
-                probs_out[j] = probs[best]
-                code = int(self.token_sig[best])
-            cur = _image(cur, self.signatures[code]) if code >= 0 else 0
-        return block, probs_out.to(block.device)
+    def _row_for(self, sigs: frozenset[int]) -> int:
+        row = self._row_index.get(sigs)
+        if row is None:
+            penalty = np.where(np.isin(self._grammar_sig, list(sigs)), 0.0, -np.inf).astype(np.float32)
+            self._rows = np.concatenate([self._rows, penalty[None]])
+            row = self._row_index[sigs] = len(self._rows) - 1
+        return row
 
-    def feasible(self, states: int, block: torch.Tensor, masked: torch.Tensor, offset: int) -> bool:
-        codes = self._codes(block, masked)
-        return bool(self._forward(states, codes)[-1] & self.coreach[self._budget(offset + len(codes))])
+    def view(self, states: int, block: torch.Tensor, masked: torch.Tensor, offset: int) -> BlockView:
+        sig = self.token_sig[block.cpu().numpy()]
+        sig[masked.cpu().numpy()] = _MASKED
+        return BlockView(self, states, sig.tolist(), offset)
 
-    def apply(self, logits: torch.Tensor, states: int, block: torch.Tensor, masked: torch.Tensor, offset: int):
-        return logits.masked_fill(~self.allowed_tokens(states, block, masked, offset), float("-inf"))
+    def next_view(self, view: BlockView) -> BlockView:
+        """The view after ``view.choose``'s fixes, without reading the block back."""
+        return BlockView(self, view.states, view.next_codes, view.offset, view.next_forward)
 
-    def choose(self, states: int, block: torch.Tensor, masked: torch.Tensor, offset: int,
-               select: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+
+class BlockView:
+    """The grammar's view of one block at one denoising step. ``states``: grammar states after the answer so far;
+    ``codes``: per position a signature, _MASKED or _FORBIDDEN; ``offset``: answer tokens before the block."""
+
+    def __init__(
+        self, constraint: WaypointConstraint, states: int, codes: list[int], offset: int, fwd: list[int] | None = None
+    ) -> None:
+        self.c = constraint
+        self.states = states
+        self.codes = codes
+        self.offset = offset
+        if fwd is None:
+            image = constraint.image_fns
+            fwd = [states]
+            for code in codes:
+                fwd.append(image[code + 2](fwd[-1]))
+        preimage = constraint.preimage_fns
+        bwd = [constraint.coreach[constraint.budget(offset + len(codes))]]
+        for code in reversed(codes):
+            bwd.append(preimage[code + 2](bwd[-1]))
+        bwd.reverse()
+        self.fwd, self.bwd = fwd, bwd
+
+    @property
+    def feasible(self) -> bool:
+        return bool(self.fwd[-1] & self.bwd[-1])
+
+    def decide(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy token and its probability per position under the grammar: the softmax over the tokens some
+        completion allows (masked positions; fixed ones get the best grammar token, unused)."""
+        c, fwd, bwd, free = self.c, self.fwd, self.bwd, self.c._free_row
+        rows = [c.allowed_row(fwd[j] & bwd[j], bwd[j + 1]) if code == _MASKED else free
+                for j, code in enumerate(self.codes)]
+        ids = c._grammar_ids.to(logits.device)
+        sub = logits.index_select(-1, ids).float() + torch.from_numpy(c._rows[rows]).to(logits.device)
+        self.grammar_logits = sub
+        p, best = torch.softmax(sub, dim=-1).max(-1)
+        return p, ids[best]
+
+    def choose(self, select: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Shrink ``select`` (positions to fix with ``tokens``, each allowed on its own) to a jointly feasible set.
 
-        One left-to-right pass: a candidate is kept when the grammar states so far (earlier kept candidates fixed)
-        can take it and still reach the backward set computed with the later candidates masked; so the result is
-        feasible, and the leftmost candidate is always kept. Call right after ``allowed_tokens`` on the same block.
+        One left-to-right pass: a candidate is kept when the states so far (earlier kept candidates fixed) can take
+        it and still reach the backward set, which treats later candidates as masked; so the kept set is feasible
+        and the leftmost candidate is always kept.
         """
-        codes = self._codes(block, masked)
-        last = getattr(self, "_last_backward", None)
-        if last is not None and last[:3] == (states, codes, offset):
-            bwd = last[3]
-        else:
-            bwd = self._backward(codes, offset)
-        chosen = select.cpu()
-        picks = set(chosen.nonzero().flatten().tolist())
-        new_sig = self.token_sig[tokens.clamp(0, self.vocab - 1).cpu()].tolist()
-        kept = chosen.clone()
-        out_codes = list(codes)
-        fwd = [states]
-        for j, code in enumerate(codes):
+        picks = select.tolist()
+        sigs = self.c.token_sig[tokens.cpu().numpy()].tolist()
+        kept = list(picks)
+        image, bwd = self.c.image_fns, self.bwd
+        codes = list(self.codes)
+        fwd = [self.states]
+        for j, code in enumerate(self.codes):
             cur = fwd[-1]
-            if j in picks:
-                sig = new_sig[j]
-                nxt = _image(cur, self.signatures[sig]) if sig >= 0 else 0
+            if picks[j]:
+                nxt = image[sigs[j] + 2](cur)
                 if nxt & bwd[j + 1]:
-                    out_codes[j] = sig
+                    codes[j] = sigs[j]
                     fwd.append(nxt)
                     continue
                 kept[j] = False
+            fwd.append(image[code + 2](cur))
+        self.next_codes, self.next_forward = codes, fwd
+        return torch.tensor(kept, dtype=torch.bool, device=select.device)
+
+    def fill(self, block: torch.Tensor, grammar_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fix every masked position left to right with its best allowed token under ``grammar_logits`` (an
+        earlier ``decide``'s, no model call). Returns the block and each filled token's probability under the
+        constrained distribution (0 elsewhere)."""
+        scores_all = grammar_logits.cpu().numpy()
+        filled = block.cpu().numpy().copy()
+        conf = np.zeros(len(self.codes), dtype=np.float32)
+        image, bwd, c = self.c.image_fns, self.bwd, self.c
+        cur = self.states
+        for j, code in enumerate(self.codes):
             if code == _MASKED:
-                fwd.append(_image(cur, self.any_groups))
-            else:
-                fwd.append(_image(cur, self.signatures[code]) if code >= 0 else 0)
-        self._fwd_memo = ((states, tuple(out_codes)), fwd)
-        return kept.to(select.device)
+                row = c.allowed_row(cur & bwd[j], bwd[j + 1])  # may grow c._rows: look it up after
+                scores = scores_all[j] + c._rows[row]
+                best = int(scores.argmax())
+                conf[j] = 1.0 / np.exp(scores - scores[best]).sum()  # softmax over the allowed tokens
+                filled[j] = c.grammar_ids[best]
+                code = int(c._grammar_sig[best])
+            cur = image[code + 2](cur)
+        return torch.from_numpy(filled).to(block.device), torch.from_numpy(conf).to(block.device)
