@@ -24,11 +24,9 @@ def decode_ar(
     calls_before = engine.forward_calls
     state = constraint.start_state if constraint else 0
     logits = first_logits
-    masked = torch.ones(1, dtype=torch.bool)
-    placeholder = torch.zeros(1, dtype=torch.long)
     for i in range(max_new_tokens):
         if constraint is not None:
-            p, token = (x[0] for x in constraint.view(state, placeholder, masked, i).decide(logits[None]))
+            p, token, _ = (x[0] for x in constraint.fresh_view(state, 1, i).decide(logits[None]))
         else:
             p, token = torch.softmax(logits.float(), dim=-1).max(-1)
         tokens.append(int(token))

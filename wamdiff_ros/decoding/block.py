@@ -101,13 +101,13 @@ def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_
     no_mask = torch.tensor([mask_id], device=block.device)
     step = 0
     prediction = block
-    view = None
+    view = after = None  # grammar views before / after this step's fixes
     while step < settings.steps:
         logits = backend.step(block) if pending is None or step else backend.commit_and_step(pending, block)
         raw = logits
         if constraint is not None:  # the grammar never allows [MASK]
-            view = constraint.view(state, block, masked, offset) if view is None else constraint.next_view(view)
-            p, prediction = view.decide(logits)
+            view = constraint.fresh_view(state, n, offset) if after is None else after
+            p, prediction, grammar_logits = view.decide(logits)
         else:
             logits = logits.index_fill(-1, no_mask, float("-inf"))  # [MASK] is never an answer
             p, prediction = torch.softmax(logits.float(), dim=-1).max(-1)
@@ -116,7 +116,7 @@ def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_
         else:
             select = unmask_top_k(p, masked, schedule[min(step, len(schedule) - 1)])
         if view is not None:
-            select = view.choose(select, prediction)
+            select, after = view.choose(select)
         block = torch.where(select, prediction, block)
         conf = torch.where(select, p, conf)
         masked = masked & ~select
@@ -129,7 +129,7 @@ def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_
         if view is None:
             block, conf = torch.where(masked, prediction, block), torch.where(masked, p, conf)
         else:
-            filled, filled_conf = constraint.next_view(view).fill(block, view.grammar_logits)
+            filled, filled_conf = after.fill(block, grammar_logits)
             block, conf = filled, torch.where(masked, filled_conf, conf)
     return block, conf, step
 

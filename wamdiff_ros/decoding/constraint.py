@@ -104,6 +104,7 @@ class WaypointConstraint:
         self._row_index: dict[frozenset[int], int] = {}
         self._rows = np.zeros((0, len(self.grammar_ids)), dtype=np.float32)
         self._sig_memo: dict[tuple[int, int], int] = {}
+        self._fresh: dict[tuple[int, int, int], BlockView] = {}
         self._free_row = self._row_for(frozenset(range(len(self.signatures))))  # fixed positions: unused
 
     @property
@@ -148,9 +149,15 @@ class WaypointConstraint:
         sig[masked.cpu().numpy()] = _MASKED
         return BlockView(self, states, sig.tolist(), offset)
 
-    def next_view(self, view: BlockView) -> BlockView:
-        """The view after ``view.choose``'s fixes, without reading the block back."""
-        return BlockView(self, view.states, view.next_codes, view.offset, view.next_forward)
+    def fresh_view(self, states: int, n: int, offset: int) -> BlockView:
+        """The view of a block of ``n`` masks (a block's first step); its state sets are memoised."""
+        key = (states, n, self.budget(offset + n))
+        view = self._fresh.get(key)
+        if view is None:
+            if len(self._fresh) > 4096:
+                self._fresh.clear()
+            view = self._fresh[key] = BlockView(self, states, [_MASKED] * n, offset)
+        return view
 
 
 class BlockView:
@@ -175,32 +182,40 @@ class BlockView:
             bwd.append(preimage[code + 2](bwd[-1]))
         bwd.reverse()
         self.fwd, self.bwd = fwd, bwd
+        self._penalty: torch.Tensor | None = None
 
     @property
     def feasible(self) -> bool:
         return bool(self.fwd[-1] & self.bwd[-1])
 
-    def decide(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def decide(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """Greedy token and its probability per position under the grammar: the softmax over the tokens some
-        completion allows (masked positions; fixed ones get the best grammar token, unused)."""
-        c, fwd, bwd, free = self.c, self.fwd, self.bwd, self.c._free_row
-        rows = [c.allowed_row(fwd[j] & bwd[j], bwd[j + 1]) if code == _MASKED else free
-                for j, code in enumerate(self.codes)]
-        ids = c._grammar_ids.to(logits.device)
-        sub = logits.index_select(-1, ids).float() + torch.from_numpy(c._rows[rows]).to(logits.device)
-        self.grammar_logits = sub
-        p, best = torch.softmax(sub, dim=-1).max(-1)
-        return p, ids[best]
+        completion allows (masked positions; fixed ones get the best grammar token, unused); plus the constrained
+        grammar-token logits (n, K) for ``fill``. Works on the K grammar columns on the host (tiny arrays)."""
+        c = self.c
+        if self._penalty is None:
+            fwd, bwd, free = self.fwd, self.bwd, c._free_row
+            rows = [c.allowed_row(fwd[j] & bwd[j], bwd[j + 1]) if code == _MASKED else free
+                    for j, code in enumerate(self.codes)]
+            self._penalty = c._rows[rows]
+        sub = logits.index_select(-1, c._grammar_ids.to(logits.device)).float().cpu().numpy() + self._penalty
+        best = sub.argmax(1)
+        top = sub[np.arange(len(best)), best]
+        p = 1.0 / np.exp(sub - top[:, None]).sum(1)
+        self._best_sig = c._grammar_sig[best].tolist()
+        prediction = torch.from_numpy(c.grammar_ids[best]).to(logits.device)
+        return torch.from_numpy(p.astype(np.float32)).to(logits.device), prediction, sub
 
-    def choose(self, select: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Shrink ``select`` (positions to fix with ``tokens``, each allowed on its own) to a jointly feasible set.
+    def choose(self, select: torch.Tensor) -> tuple[torch.Tensor, BlockView]:
+        """Shrink ``select`` (positions to fix with the tokens ``decide`` predicted, each allowed on its own) to a
+        jointly feasible set; returns it and the view of the block after those fixes.
 
         One left-to-right pass: a candidate is kept when the states so far (earlier kept candidates fixed) can take
         it and still reach the backward set, which treats later candidates as masked; so the kept set is feasible
         and the leftmost candidate is always kept.
         """
         picks = select.tolist()
-        sigs = self.c.token_sig[tokens.cpu().numpy()].tolist()
+        sigs = self._best_sig
         kept = list(picks)
         image, bwd = self.c.image_fns, self.bwd
         codes = list(self.codes)
@@ -215,14 +230,14 @@ class BlockView:
                     continue
                 kept[j] = False
             fwd.append(image[code + 2](cur))
-        self.next_codes, self.next_forward = codes, fwd
-        return torch.tensor(kept, dtype=torch.bool, device=select.device)
+        after = BlockView(self.c, self.states, codes, self.offset, fwd)
+        return torch.tensor(kept, dtype=torch.bool, device=select.device), after
 
-    def fill(self, block: torch.Tensor, grammar_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def fill(self, block: torch.Tensor, grammar_logits: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Fix every masked position left to right with its best allowed token under ``grammar_logits`` (an
         earlier ``decide``'s, no model call). Returns the block and each filled token's probability under the
         constrained distribution (0 elsewhere)."""
-        scores_all = grammar_logits.cpu().numpy()
+        scores_all = grammar_logits
         filled = block.cpu().numpy().copy()
         conf = np.zeros(len(self.codes), dtype=np.float32)
         image, bwd, c = self.c.image_fns, self.bwd, self.c
