@@ -10,8 +10,9 @@ State sets are Python ints used as bitsets (bit = grammar state). A token's effe
 constant that depends on the position inside a number, so one transition is a few mask-and-shift operations, and
 tokens with the same effect (all single digits, say) share one signature.
 
-Per denoising step the decoder opens a ``BlockView`` (the block's grammar codes and its forward / backward state
-sets), masks the logits with it and lets it vet the positions it wants to fix.
+Per denoising step the decoder holds a ``BlockView`` (the block's grammar codes and its forward / backward state
+sets): it turns the step's logits into constrained predictions and vets the positions the unmask rule picked.
+A constraint memoises views and rows: use one per decoding thread.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.errors import DecodeSettingsError
 
 _GRAMMAR_CHARS = frozenset("0123456789.,-")
 _MASKED = -1
@@ -92,6 +94,14 @@ class WaypointConstraint:
         for _ in range(max_new_tokens):
             coreach.append(_preimage(coreach[-1], self.any_groups) | coreach[-1])
         self.coreach = coreach
+        if not coreach[max_new_tokens] & self.start_state:
+            reach, shortest = coreach[-1], max_new_tokens
+            while not reach & self.start_state and shortest < 10 * fmt.WAYPOINT_GRAMMAR_STATES:
+                reach, shortest = _preimage(reach, self.any_groups) | reach, shortest + 1
+            need = f" (it needs at least {shortest})" if reach & self.start_state else ""
+            raise DecodeSettingsError(
+                f"max_new_tokens {max_new_tokens} cannot hold a waypoint answer with this tokenizer{need}"
+            )
         # transition functions indexed by code + 2 (code: _FORBIDDEN, _MASKED, then signature ids)
         all_groups = [(), self.any_groups] + self.signatures
         self.image_fns = [_compile(g) for g in all_groups]
@@ -143,11 +153,6 @@ class WaypointConstraint:
             self._rows = np.concatenate([self._rows, penalty[None]])
             row = self._row_index[sigs] = len(self._rows) - 1
         return row
-
-    def view(self, states: int, block: torch.Tensor, masked: torch.Tensor, offset: int) -> BlockView:
-        sig = self.token_sig[block.cpu().numpy()]
-        sig[masked.cpu().numpy()] = _MASKED
-        return BlockView(self, states, sig.tolist(), offset)
 
     def fresh_view(self, states: int, n: int, offset: int) -> BlockView:
         """The view of a block of ``n`` masks (a block's first step); its state sets are memoised."""
