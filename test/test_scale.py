@@ -20,11 +20,7 @@ def test_two_b_dimension_model_decodes_one_block():
     from transformers import Qwen3VLForConditionalGeneration
 
     tokenizer = tiny_tokenizer()
-    config = two_b_config()
-    ids = tokenizer.convert_tokens_to_ids
-    config.image_token_id = ids(fmt.IMAGE_PAD)
-    config.vision_start_token_id = ids(fmt.VISION_START)
-    config.vision_end_token_id = ids(fmt.VISION_END)
+    config = two_b_config(tokenizer)
     config._attn_implementation = "sdpa"
     t0 = time.perf_counter()
     previous = torch.get_default_dtype()

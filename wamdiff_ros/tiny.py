@@ -84,70 +84,62 @@ def tiny_image_processor(max_pixels: int = 256 * 128) -> Qwen2VLImageProcessorPi
     )
 
 
-def tiny_config(tokenizer: PreTrainedTokenizerFast, hidden: int = 128, layers: int = 4) -> Qwen3VLConfig:
-    head_dim = 32
+def qwen3_vl_config(
+    tokenizer: PreTrainedTokenizerFast, *, hidden: int, ffn: int, layers: int, heads: int, kv_heads: int,
+    head_dim: int, mrope_section: list[int], vision_depth: int, vision_hidden: int, vision_ffn: int,
+    vision_heads: int, vision_grid: int, deepstack: list[int], vocab_size: int | None = None,
+) -> Qwen3VLConfig:
+    """A Qwen3-VL config whose special-token ids are ``tokenizer``'s (patch 16, merge 2, tied embeddings)."""
     ids = tokenizer.convert_tokens_to_ids
     return Qwen3VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer),
+            vocab_size=vocab_size or len(tokenizer),
             hidden_size=hidden,
-            intermediate_size=2 * hidden,
+            intermediate_size=ffn,
             num_hidden_layers=layers,
-            num_attention_heads=hidden // head_dim,
-            num_key_value_heads=max(1, hidden // head_dim // 2),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
             head_dim=head_dim,
-            max_position_embeddings=4096,
-            rope_parameters=dict(rope_type="default", rope_theta=5e6, mrope_section=[6, 5, 5], mrope_interleaved=True),
+            max_position_embeddings=262_144,
+            rope_parameters=dict(rope_type="default", rope_theta=5e6, mrope_section=mrope_section,
+                                 mrope_interleaved=True),
             tie_word_embeddings=True,
         ),
         vision_config=dict(
-            depth=2,
-            hidden_size=64,
-            intermediate_size=128,
-            num_heads=2,
+            depth=vision_depth,
+            hidden_size=vision_hidden,
+            intermediate_size=vision_ffn,
+            num_heads=vision_heads,
             patch_size=16,
             spatial_merge_size=2,
             temporal_patch_size=2,
             out_hidden_size=hidden,
-            num_position_embeddings=64,
-            deepstack_visual_indexes=[0],
+            num_position_embeddings=vision_grid * vision_grid,
+            deepstack_visual_indexes=deepstack,
         ),
-        image_token_id=ids("<|image_pad|>"),
+        image_token_id=ids(fmt.IMAGE_PAD),
         video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
+        vision_start_token_id=ids(fmt.VISION_START),
+        vision_end_token_id=ids(fmt.VISION_END),
         eos_token_id=ids(EOS_TOKEN),
         pad_token_id=ids(EOS_TOKEN),
         tie_word_embeddings=True,
     )
 
 
-def two_b_config(vocab_size: int = 151_936) -> Qwen3VLConfig:
-    """Qwen3-VL-2B dimensions (anchors section 4), for the slow scale test."""
-    return Qwen3VLConfig(
-        text_config=dict(
-            vocab_size=vocab_size,
-            hidden_size=2048,
-            intermediate_size=6144,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=262_144,
-            rope_parameters=dict(rope_type="default", rope_theta=5e6, mrope_section=[24, 20, 20], mrope_interleaved=True),
-            tie_word_embeddings=True,
-        ),
-        vision_config=dict(
-            depth=24,
-            hidden_size=1024,
-            intermediate_size=4096,
-            num_heads=16,
-            patch_size=16,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            out_hidden_size=2048,
-            num_position_embeddings=2304,
-            deepstack_visual_indexes=[5, 11, 17],
-        ),
-        tie_word_embeddings=True,
+def tiny_config(tokenizer: PreTrainedTokenizerFast, hidden: int = 128, layers: int = 4) -> Qwen3VLConfig:
+    heads = hidden // 32
+    return qwen3_vl_config(
+        tokenizer, hidden=hidden, ffn=2 * hidden, layers=layers, heads=heads, kv_heads=max(1, heads // 2),
+        head_dim=32, mrope_section=[6, 5, 5], vision_depth=2, vision_hidden=64, vision_ffn=128, vision_heads=2,
+        vision_grid=8, deepstack=[0],
+    )
+
+
+def two_b_config(tokenizer: PreTrainedTokenizerFast, vocab_size: int = 151_936) -> Qwen3VLConfig:
+    """Qwen3-VL-2B dimensions (anchors section 4) around ``tokenizer``'s special tokens, for the scale test."""
+    return qwen3_vl_config(
+        tokenizer, hidden=2048, ffn=6144, layers=28, heads=16, kv_heads=8, head_dim=128,
+        mrope_section=[24, 20, 20], vision_depth=24, vision_hidden=1024, vision_ffn=4096, vision_heads=16,
+        vision_grid=48, deepstack=[5, 11, 17], vocab_size=vocab_size,
     )
