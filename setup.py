@@ -22,6 +22,7 @@ setup(
         "console_scripts": [
             "wamdiff-plan = wamdiff_ros.cli:plan_main",
             "wamdiff-bench = wamdiff_ros.bench.__main__:main",
+            "wamdiff_planner_node = wamdiff_ros.ros.node:main",
         ]
     },
 )

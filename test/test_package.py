@@ -15,12 +15,14 @@ def test_package_xml_is_format_3():
     root = ET.parse(ROOT / "package.xml").getroot()
     assert root.tag == "package" and root.get("format") == "3"
     assert root.findtext("name") == "wamdiff_ros"
-    assert root.find("export/build_type") is not None
+    # One hybrid ament_cmake package: CMakeLists.txt generates msg/ with rosidl and installs the Python package.
+    assert root.findtext("export/build_type") == "ament_cmake"
+    assert root.findtext("member_of_group") == "rosidl_interface_packages"
 
 
 def test_design_card_top_level():
-    for name in ["package.xml", "setup.py", "wamdiff_ros", "launch", "config", "msg", "training", "test",
-                 "README.md", ".ci/run", "Makefile", "requirements.lock"]:
+    for name in ["package.xml", "CMakeLists.txt", "setup.py", "wamdiff_ros", "launch", "config", "msg", "training",
+                 "test", "README.md", ".ci/run", "Makefile", "requirements.lock"]:
         assert (ROOT / name).exists(), name
 
 
@@ -31,7 +33,7 @@ def test_lock_pins_exact_versions_and_cpu_torch():
 
 
 def test_param_file_matches_decode_defaults():
-    params = yaml.safe_load((ROOT / "config" / "decode.param.yaml").read_text())["/**"]["ros__parameters"]
+    params = yaml.safe_load((ROOT / "config" / "planner.yaml").read_text())["/**"]["ros__parameters"]
     defaults = DecodeSettings()
     for key in ("block_size", "steps", "threshold", "schedule", "max_new_tokens", "constrain"):
         assert params[key] == getattr(defaults, key), key

@@ -1,0 +1,65 @@
+"""Start the wamdiff_planner managed node and drive it to active.
+
+    ros2 launch wamdiff_ros planner.launch.py model:=/path/to/checkpoint image:=/camera/front/image_raw
+
+Every topic is the node's private ``~/input/*`` / ``~/output/*`` name, remapped here. The node process loads the
+package's Fast DDS profile (large shared-memory segment) unless FASTDDS_DEFAULT_PROFILES_FILE is already set;
+camera drivers publishing big images should load the same profile (see README).
+"""
+
+import os
+
+from ament_index_python.packages import get_package_share_directory
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, EmitEvent, RegisterEventHandler
+from launch.events import matches_action
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import LifecycleNode
+from launch_ros.event_handlers import OnStateTransition
+from launch_ros.events.lifecycle import ChangeState
+from lifecycle_msgs.msg import Transition
+
+ARGUMENTS = {
+    "model": ("tiny-random", "checkpoint folder or tiny-random"),
+    "device": ("cpu", "torch device"),
+    "params_file": ("", "parameter file (default: the package's config/planner.yaml)"),
+    "image": ("/camera/front/image_raw", "sensor_msgs/Image topic"),
+    "camera_info": ("/camera/front/camera_info", "sensor_msgs/CameraInfo topic"),
+    "odometry": ("/odom", "nav_msgs/Odometry topic"),
+    "command": ("/route/command", "wamdiff_ros/DrivingCommand topic"),
+    "use_sim_time": ("false", "use /clock"),
+}
+
+
+def generate_launch_description():
+    share = get_package_share_directory("wamdiff_ros")
+    params = os.path.join(share, "config", "planner.yaml")
+    profile = os.path.join(share, "config", "fastdds.xml")
+    arg = LaunchConfiguration
+    node = LifecycleNode(
+        package="wamdiff_ros",
+        executable="wamdiff_planner_node",
+        name="wamdiff_planner",
+        namespace="",
+        output="screen",
+        parameters=[params, {"model": arg("model"), "device": arg("device"), "use_sim_time": arg("use_sim_time")}],
+        remappings=[
+            ("~/input/image", arg("image")),
+            ("~/input/camera_info", arg("camera_info")),
+            ("~/input/odometry", arg("odometry")),
+            ("~/input/command", arg("command")),
+        ],
+        additional_env={"FASTDDS_DEFAULT_PROFILES_FILE": os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE", profile)},
+    )
+    configure = EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(node),
+                                            transition_id=Transition.TRANSITION_CONFIGURE))
+    activate = RegisterEventHandler(OnStateTransition(
+        target_lifecycle_node=node, goal_state="inactive",
+        entities=[EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(node),
+                                              transition_id=Transition.TRANSITION_ACTIVATE))],
+    ))
+    return LaunchDescription(
+        [DeclareLaunchArgument(name, default_value=default, description=text)
+         for name, (default, text) in ARGUMENTS.items()]
+        + [node, activate, configure]
+    )

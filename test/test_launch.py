@@ -1,0 +1,81 @@
+"""Launch files, checked statically (``launch`` / ``ros2 launch`` do not exist on PyPI); run only where installed."""
+
+import ast
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
+
+
+def _console_scripts() -> set[str]:
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    scripts = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "=" in node.value and ":" in node.value:
+            scripts.add(node.value.split("=")[0].strip())
+    return scripts
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == name]
+
+
+def _kw(call: ast.Call, key: str):
+    for kw in call.keywords:
+        if kw.arg == key:
+            return kw.value
+    return None
+
+
+@pytest.mark.parametrize("path", LAUNCH_FILES, ids=lambda p: p.name)
+def test_launch_file_is_consistent(path):
+    tree = ast.parse(path.read_text())
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "generate_launch_description" for n in tree.body)
+    nodes = _calls(tree, "LifecycleNode") + _calls(tree, "Node")
+    assert nodes, "no node started"
+    scripts = _console_scripts()
+    cmake = (ROOT / "CMakeLists.txt").read_text()
+    for call in nodes:
+        package, executable = _kw(call, "package"), _kw(call, "executable")
+        assert package.value == "wamdiff_ros"
+        assert executable.value in scripts, f"{executable.value} is not a console script"
+        assert executable.value in cmake, f"{executable.value} is not installed into lib/wamdiff_ros by CMake"
+    # every file under the package share it names exists in the repository
+    for const in (n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)):
+        if re.fullmatch(r"[\w.-]+\.(yaml|xml)", const.value):
+            assert (ROOT / "config" / const.value).is_file(), const.value
+    # the launch arguments it uses are declared
+    declared = set(ast.literal_eval(next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                                         and n.targets[0].id == "ARGUMENTS")))
+    used = {c.args[0].value for c in ast.walk(tree) if isinstance(c, ast.Call)
+            and getattr(c.func, "id", None) in ("LaunchConfiguration", "arg") and c.args
+            and isinstance(c.args[0], ast.Constant)}
+    assert used <= declared, used - declared
+
+
+def test_param_file_names_only_declared_parameters():
+    params = yaml.safe_load((ROOT / "config" / "planner.yaml").read_text())["/**"]["ros__parameters"]
+    source = (ROOT / "wamdiff_ros" / "ros" / "node.py").read_text()
+    declared = set(re.findall(r'^\s+p\("(\w+)"', source, re.M))
+    assert set(params) <= declared, set(params) - declared
+
+
+def test_fastdds_profile_enlarges_the_shared_memory_segment():
+    text = (ROOT / "config" / "fastdds.xml").read_text()
+    size = int(re.search(r"<segment_size>(\d+)</segment_size>", text).group(1))
+    assert size >= 4 * 640 * 480 * 3
+
+
+@pytest.mark.skipif(importlib.util.find_spec("launch") is None or importlib.util.find_spec("launch_ros") is None,
+                    reason="ROS 2 launch is not installed (not on PyPI)")
+@pytest.mark.parametrize("path", LAUNCH_FILES, ids=lambda p: p.name)
+def test_launch_description_builds(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.generate_launch_description().entities

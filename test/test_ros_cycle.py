@@ -1,0 +1,103 @@
+"""The planning cycle's plain parts (no rclpy): latest-frame slot, input checks, latency window, fallback stop."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from wamdiff_ros.ros.cycle import (
+    Counters, InputLimits, LatencyWindow, LatestSlot, check_inputs, fallback_stop, to_ego,
+)
+
+
+def test_latest_slot_keeps_only_the_newest():
+    slot: LatestSlot[int] = LatestSlot()
+    for i in range(5):
+        slot.put(i)
+    assert slot.take(0) == 4 and slot.replaced == 4
+    assert slot.take(0.01) is None
+
+
+def test_latest_slot_wakes_a_waiting_taker_and_closes():
+    slot: LatestSlot[str] = LatestSlot()
+    got = []
+    t = threading.Thread(target=lambda: got.append(slot.take(5.0)))
+    t.start()
+    time.sleep(0.05)
+    slot.put("frame")
+    t.join(2.0)
+    assert got == ["frame"]
+    t = threading.Thread(target=lambda: got.append(slot.take(5.0)))
+    t.start()
+    slot.close()
+    t.join(2.0)
+    assert not t.is_alive() and got[-1] is None
+
+
+LIMITS = InputLimits(sync_tolerance_s=0.1, command_timeout_s=10.0, future_tolerance_s=0.5)
+
+
+@pytest.mark.parametrize(
+    "image, now, odom, command, reason",
+    [
+        (10.0, 10.05, 10.02, 9.0, None),
+        (12.0, 10.0, 12.0, 9.0, "future stamp"),
+        (10.0, 10.0, None, 9.0, "missing odometry"),
+        (10.0, 10.0, 9.7, 9.0, "odometry out of sync: 300 ms"),
+        (10.0, 10.0, 10.0, None, "missing command"),
+        (30.0, 30.0, 30.0, 9.0, "stale command: 21.0 s"),
+    ],
+)
+def test_check_inputs(image, now, odom, command, reason):
+    got = check_inputs(image, now, odom, command, LIMITS)
+    assert (got is None) if reason is None else got.startswith(reason)
+
+
+def test_counters_group_skip_reasons():
+    c = Counters()
+    c.skip("odometry out of sync: 300 ms")
+    c.skip("odometry out of sync: 200 ms")
+    c.skip("missing command")
+    assert c.skipped == 3 and c.reasons == {"odometry out of sync": 2, "missing command": 1}
+
+
+def test_latency_window_percentiles():
+    w = LatencyWindow(size=100)
+    assert np.isnan(w.percentile(50))
+    for i in range(1, 201):
+        w.add(i / 1000)
+    assert len(w) == 100
+    assert w.percentile(50) == pytest.approx(0.1505, abs=1e-4)
+    assert w.percentile(99) == pytest.approx(0.199, abs=1e-3)
+
+
+def test_to_ego_inverts_the_pose():
+    pose = (10.0, 5.0, np.pi / 2)  # facing +y in the odometry frame
+    ego = to_ego(np.array([[10.0, 8.0], [7.0, 5.0]]), pose)
+    np.testing.assert_allclose(ego, [[3.0, 0.0], [0.0, 3.0]], atol=1e-9)
+
+
+def test_fallback_brakes_comfortably_to_rest_straight_ahead():
+    wp = fallback_stop(6.0, None, (0.0, 0.0, 0.0), decel=2.0)
+    assert wp.shape == (8, 2) and wp.dtype == np.float32
+    np.testing.assert_allclose(wp[:, 1], 0.0)
+    x = wp[:, 0]
+    assert np.all(np.diff(x) >= -1e-6) and x[-1] == pytest.approx(9.0) and x[-2] == pytest.approx(9.0)  # v^2/2a
+    assert x[0] == pytest.approx(6 * 0.5 - 0.25)
+    speeds = np.diff(np.concatenate([[0.0], x])) / 0.5
+    assert np.all(np.abs(np.diff(speeds)) / 0.5 <= 2.0 + 1e-3)  # never harder than decel
+
+
+def test_fallback_follows_the_last_valid_path():
+    # last path turns left: a quarter circle of radius 20 m starting at the ego
+    theta = np.linspace(0.05, np.pi / 2, 12)
+    path = np.stack([20 * np.sin(theta), 20 * (1 - np.cos(theta))], axis=1)
+    wp = fallback_stop(8.0, path, (0.0, 0.0, 0.0))
+    assert wp[-1, 1] > 0.5  # it bends left with the path
+    r = np.hypot(wp[:, 0], wp[:, 1] - 20.0)
+    assert np.all(np.abs(r[wp[:, 0] > 1] - 20.0) < 0.6)  # stays near the arc
+    still = fallback_stop(0.0, path, (0.0, 0.0, 0.0))
+    np.testing.assert_allclose(still, 0.0)
+    nan_speed = fallback_stop(float("nan"), None, (0.0, 0.0, 0.0))
+    np.testing.assert_allclose(nan_speed, 0.0)

@@ -1,0 +1,155 @@
+"""The planning cycle's plain parts, free of rclpy: the latest-frame slot, input checks, latency statistics and the
+fallback stop. The node wires them to topics; tests drive them directly."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from wamdiff_ros import format as fmt
+
+T = TypeVar("T")
+
+
+class LatestSlot(Generic[T]):
+    """A one-item mailbox between the subscription callbacks and the inference thread: a newer item replaces a
+    pending one (never a queue), so inference always runs on the latest frame."""
+
+    def __init__(self) -> None:
+        self._item: T | None = None
+        self._cond = threading.Condition()
+        self._closed = False
+        self.replaced = 0
+
+    def put(self, item: T) -> None:
+        with self._cond:
+            if self._item is not None:
+                self.replaced += 1
+            self._item = item
+            self._cond.notify()
+
+    def take(self, timeout: float | None = None) -> T | None:
+        """The pending item (removing it), or None after ``timeout`` s or once closed."""
+        with self._cond:
+            if self._item is None and not self._closed:
+                self._cond.wait(timeout)
+            item, self._item = self._item, None
+            return item
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._item = None
+            self._cond.notify_all()
+
+    def reopen(self) -> None:
+        with self._cond:
+            self._closed = False
+
+
+class LatencyWindow:
+    """Rolling percentiles over the last ``size`` samples (seconds)."""
+
+    def __init__(self, size: int = 200) -> None:
+        self._samples: deque[float] = deque(maxlen=size)
+        self._lock = threading.Lock()
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self._samples.append(seconds)
+
+    def percentile(self, q: float) -> float:
+        with self._lock:
+            return float(np.percentile(self._samples, q)) if self._samples else float("nan")
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+
+@dataclass(slots=True)
+class Counters:
+    frames: int = 0
+    planned: int = 0
+    skipped: int = 0  # a cycle skipped because an input was missing, stale or out of sync
+    dropped: int = 0  # frames replaced before inference took them (input faster than inference)
+    late: int = 0  # plans past the deadline
+    fallback: int = 0
+    bad_input: int = 0
+    errors: int = 0
+    resets: int = 0  # time went backwards (a looping bag, a restarted simulator)
+    last_error: str = ""
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, reason: str) -> None:
+        self.skipped += 1
+        key = reason.split(":", 1)[0]
+        self.reasons[key] = self.reasons.get(key, 0) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class InputLimits:
+    sync_tolerance_s: float = 0.1  # odometry must lie this close to the image stamp
+    command_timeout_s: float = 10.0  # a command older than this is stale
+    future_tolerance_s: float = 0.5  # an image stamped further ahead of the clock is refused
+
+
+def check_inputs(
+    image_stamp: float,
+    now: float,
+    odom_stamp: float | None,
+    command_stamp: float | None,
+    limits: InputLimits,
+) -> str | None:
+    """Why this cycle cannot run, or None. Stamps in seconds of the node's clock (sim time when used)."""
+    if image_stamp > now + limits.future_tolerance_s:
+        return f"future stamp: image {image_stamp - now:.2f} s ahead of the clock"
+    if odom_stamp is None:
+        return "missing odometry"
+    if abs(odom_stamp - image_stamp) > limits.sync_tolerance_s:
+        return (f"odometry out of sync: {abs(odom_stamp - image_stamp) * 1e3:.0f} ms from the image "
+                f"(tolerance {limits.sync_tolerance_s * 1e3:.0f} ms)")
+    if command_stamp is None:
+        return "missing command"
+    if now - command_stamp > limits.command_timeout_s:
+        return f"stale command: {now - command_stamp:.1f} s old (limit {limits.command_timeout_s:.1f} s)"
+    return None
+
+
+def to_ego(points_odom: np.ndarray, pose: tuple[float, float, float]) -> np.ndarray:
+    """Odometry-frame points -> the ego frame at ``pose`` (x, y, yaw)."""
+    x, y, yaw = pose
+    c, s = np.cos(yaw), np.sin(yaw)
+    d = np.asarray(points_odom, dtype=np.float64) - (x, y)
+    return np.stack([c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1]], axis=1)
+
+
+def fallback_stop(
+    speed: float, last_path_odom: np.ndarray | None, pose: tuple[float, float, float], decel: float = 2.0
+) -> np.ndarray:
+    """A comfortable stop: 8 ego-frame waypoints that brake at ``decel`` m/s^2 from ``speed`` along the last valid
+    path (straight ahead without one), at rest from the stopping point on (if the 4 s horizon reaches it)."""
+    speed = max(0.0, float(speed)) if np.isfinite(speed) else 0.0
+    t = fmt.WAYPOINT_DT_S * np.arange(1, fmt.NUM_WAYPOINTS + 1)
+    t_stop = speed / decel
+    s = np.where(t < t_stop, speed * t - 0.5 * decel * t**2, 0.5 * speed * t_stop)
+    polyline = np.zeros((1, 2))
+    if last_path_odom is not None and np.isfinite(last_path_odom).all():
+        ahead = to_ego(last_path_odom, pose)
+        ahead = ahead[ahead[:, 0] > 0.0]
+        polyline = np.concatenate([polyline, ahead])
+    if len(polyline) == 1:
+        polyline = np.array([[0.0, 0.0], [1.0, 0.0]])
+    seg = np.diff(polyline, axis=0)
+    length = np.linalg.norm(seg, axis=1)
+    keep = length > 1e-6
+    seg, length = seg[keep], length[keep]
+    start = np.concatenate([[0.0], np.cumsum(length)])[:-1]
+    out = np.empty((len(s), 2))
+    for i, si in enumerate(s):
+        j = min(int(np.searchsorted(start, si, side="right")) - 1, len(seg) - 1)
+        out[i] = polyline[:-1][keep][j] + seg[j] / length[j] * (si - start[j])
+    return out.astype(np.float32)

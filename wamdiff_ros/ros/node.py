@@ -1,0 +1,408 @@
+"""``wamdiff_planner``: the managed (lifecycle) ROS 2 node, a thin shell around ``Planner``.
+
+configure loads the model (a bad path fails the transition with an ERROR diagnostic); activate starts inference
+on one worker thread, always on the latest frame. Inputs: ``~/input/image`` (or ``~/input/image/compressed``),
+``~/input/camera_info``, ``~/input/odometry``, ``~/input/command``, ``~/input/question``. Outputs:
+``~/output/path``, ``~/output/plan``, ``~/output/text``, ``~/output/answer``, ``~/debug/markers``,
+``/diagnostics``. Every output is stamped with its input image's stamp. Bad input never stops the node: it is
+counted, logged (throttled) and reported in the diagnostics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from nav_msgs.msg import Odometry, Path
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from sensor_msgs.msg import CameraInfo, CompressedImage, Image
+from std_msgs.msg import String
+from visualization_msgs.msg import MarkerArray
+
+from wamdiff_ros import format as fmt
+from wamdiff_ros.decoding.settings import DecodeSettings
+from wamdiff_ros.errors import WamDiffError
+from wamdiff_ros.msg import DrivingCommand, PlannerOutput
+from wamdiff_ros.planner import EgoState, Plan, Planner
+from wamdiff_ros.ros import conversions as conv
+from wamdiff_ros.ros.outputs import planner_output_msg
+from wamdiff_ros.ros.cycle import Counters, InputLimits, LatencyWindow, LatestSlot, check_inputs, fallback_stop
+
+NODE_NAME = "wamdiff_planner"
+COMMANDS = {
+    DrivingCommand.LANE_FOLLOW: fmt.Command.FOLLOW,
+    DrivingCommand.LEFT: fmt.Command.LEFT,
+    DrivingCommand.RIGHT: fmt.Command.RIGHT,
+    DrivingCommand.STRAIGHT: fmt.Command.STRAIGHT,
+}
+DECODE_PARAMS = ("block_size", "steps", "threshold", "schedule", "max_new_tokens", "constrain")
+
+
+def _descriptor(text: str, lo: float | None = None, hi: float | None = None, integer: bool = False,
+                read_only: bool = False) -> ParameterDescriptor:
+    d = ParameterDescriptor(description=text, read_only=read_only)
+    if lo is not None and integer:
+        d.integer_range = [IntegerRange(from_value=int(lo), to_value=int(hi), step=1)]
+    elif lo is not None:
+        d.floating_point_range = [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]
+    return d
+
+
+@dataclass(slots=True)
+class Frame:
+    stamp: float  # seconds, the node's clock
+    header: object
+    rgb: np.ndarray
+
+
+def _seconds(stamp) -> float:
+    return stamp.sec + stamp.nanosec * 1e-9
+
+
+class PlannerNode(LifecycleNode):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        defaults = DecodeSettings()
+        p = self.declare_parameter
+        p("model", "tiny-random", _descriptor("checkpoint folder or tiny-random", read_only=True))
+        p("device", "cpu", _descriptor("torch device", read_only=True))
+        p("dtype", "float32", _descriptor("float32 | bfloat16 | float16", read_only=True))
+        p("block_size", defaults.block_size, _descriptor("B, at most the checkpoint's trained block size", 1, 256, True))
+        p("steps", defaults.steps, _descriptor("denoising steps per block, at most", 1, 256, True))
+        p("threshold", defaults.threshold, _descriptor("confidence threshold", 0.01, 1.0))
+        p("schedule", defaults.schedule, _descriptor("threshold | static"))
+        p("max_new_tokens", defaults.max_new_tokens, _descriptor("answer token budget", 80, 1024, True))
+        p("constrain", defaults.constrain, _descriptor("constrain plans to the waypoint grammar"))
+        p("compressed", False, _descriptor("subscribe to ~/input/image/compressed instead", read_only=True))
+        p("model_fov_deg", 90.0, _descriptor("horizontal FOV the model was trained with", 10.0, 180.0))
+        p("sync_tolerance_ms", 100.0, _descriptor("odometry must be this close to the image stamp", 0.0, 10000.0))
+        p("command_timeout_s", 10.0, _descriptor("a navigation command older than this is stale", 0.0, 3600.0))
+        p("deadline_ms", 1000.0, _descriptor("a plan later than this after its image is replaced", 1.0, 60000.0))
+        p("fallback_decel", 2.0, _descriptor("deceleration of the fallback stop, m/s^2", 0.5, 8.0))
+        p("diagnostics_period_s", 1.0, _descriptor("diagnostics publishing period", 0.1, 60.0))
+        self.planner: Planner | None = None
+        self.counters = Counters()
+        self.latency = LatencyWindow()
+        self.slot: LatestSlot[Frame] = LatestSlot()
+        self.estimator = conv.EgoEstimator()
+        self._lock = threading.Lock()  # guards the latest odometry / command / path
+        self._odom: tuple[float, tuple[float, float, float], EgoState] | None = None
+        self._command: tuple[float, fmt.Command] | None = None
+        self._last_path_odom: np.ndarray | None = None
+        self._last_image_stamp = -np.inf
+        self._worker: threading.Thread | None = None
+        self._latest_frame: Frame | None = None
+        self._active = False
+        self._status = (DiagnosticStatus.WARN, "unconfigured")
+        self._fov_warned = False
+        self.add_on_set_parameters_callback(self._on_parameters)
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._diag_timer = self.create_timer(
+            self.get_parameter("diagnostics_period_s").value, self._publish_diagnostics
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        try:
+            self.planner = Planner.from_pretrained(
+                self._param("model"), device=self._param("device"), dtype=self._dtype(),
+                **{k: self._param(k) for k in DECODE_PARAMS},
+            )
+        except (WamDiffError, OSError, ValueError) as exc:
+            self._fail(f"model not loaded: {exc}")
+            return TransitionCallbackReturn.FAILURE
+        out = self.create_lifecycle_publisher
+        self._path_pub = out(Path, "~/output/path", 10)
+        self._plan_pub = out(PlannerOutput, "~/output/plan", 10)
+        self._text_pub = out(String, "~/output/text", 10)
+        self._answer_pub = out(String, "~/output/answer", 10)
+        self._marker_pub = out(MarkerArray, "~/debug/markers", 10)
+        command_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                                 durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        if self._param("compressed"):
+            self.create_subscription(CompressedImage, "~/input/image/compressed", self._on_compressed,
+                                     qos_profile_sensor_data)
+        else:
+            self.create_subscription(Image, "~/input/image", self._on_image, qos_profile_sensor_data)
+        self.create_subscription(CameraInfo, "~/input/camera_info", self._on_camera_info, qos_profile_sensor_data)
+        self.create_subscription(Odometry, "~/input/odometry", self._on_odometry, 20)
+        self.create_subscription(DrivingCommand, "~/input/command", self._on_command, command_qos)
+        self.create_subscription(String, "~/input/question", self._on_question, 10)
+        self._status = (DiagnosticStatus.OK, f"configured: {self.planner.bundle.source}")
+        self.get_logger().info(f"model {self.planner.bundle.source} loaded; settings {self.planner.settings}")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.slot.reopen()
+        self._active = True
+        self._worker = threading.Thread(target=self._run, name="wamdiff-inference", daemon=True)
+        self._worker.start()
+        self._status = (DiagnosticStatus.OK, "active")
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_worker()
+        self._status = (DiagnosticStatus.WARN, "inactive")
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_worker()
+        for sub in list(self.subscriptions):
+            self.destroy_subscription(sub)
+        for pub in (self._path_pub, self._plan_pub, self._text_pub, self._answer_pub, self._marker_pub):
+            self.destroy_lifecycle_publisher(pub)
+        self.planner = None
+        self._status = (DiagnosticStatus.WARN, "unconfigured")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_worker()
+        return TransitionCallbackReturn.SUCCESS
+
+    def _stop_worker(self) -> None:
+        self._active = False
+        self.slot.close()
+        if self._worker is not None:
+            self._worker.join(timeout=30.0)
+            self._worker = None
+
+    # -- parameters -------------------------------------------------------------------------------------------
+    def _param(self, name: str):
+        return self.get_parameter(name).value
+
+    def _dtype(self):
+        import torch
+
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self._param("dtype")]
+
+    def _on_parameters(self, params) -> SetParametersResult:
+        changed = {p.name: p.value for p in params if p.name in DECODE_PARAMS}
+        if not changed or self.planner is None:
+            return SetParametersResult(successful=True)
+        current = dataclasses.asdict(self.planner.settings)
+        try:
+            settings = DecodeSettings(**{**current, **changed})
+            self.planner.bundle.meta.check_block_size(settings.block_size)
+            planner = Planner(self.planner.bundle, settings)
+        except (WamDiffError, ValueError, TypeError) as exc:
+            return SetParametersResult(successful=False, reason=str(exc))
+        self.planner = planner  # the worker picks it up on its next cycle
+        self.get_logger().info(f"decode settings now {settings}")
+        return SetParametersResult(successful=True)
+
+    # -- inputs (executor threads; never raise) ----------------------------------------------------------------
+    def _bad_input(self, what: str, exc: Exception) -> None:
+        self.counters.bad_input += 1
+        self.counters.last_error = f"{what}: {exc}"
+        self.get_logger().warning(f"dropped {what}: {exc}", throttle_duration_sec=2.0)
+
+    def _accept_image(self, header, convert) -> None:
+        if not self._active:
+            return
+        try:
+            rgb = convert()
+        except WamDiffError as exc:
+            self._bad_input("image", exc)
+            return
+        self.counters.frames += 1
+        frame = Frame(_seconds(header.stamp), header, rgb)
+        self._latest_frame = frame
+        self.slot.put(frame)
+
+    def _on_image(self, msg: Image) -> None:
+        self._accept_image(msg.header, lambda: conv.image_to_rgb(msg))
+
+    def _on_compressed(self, msg: CompressedImage) -> None:
+        self._accept_image(msg.header, lambda: conv.compressed_to_rgb(msg))
+
+    def _on_camera_info(self, msg: CameraInfo) -> None:
+        if self._fov_warned or msg.width == 0 or msg.k[0] <= 0:
+            return
+        fov = float(np.degrees(2 * np.arctan(msg.width / (2 * msg.k[0]))))
+        if abs(fov - self._param("model_fov_deg")) > 5.0:
+            self._fov_warned = True
+            self.get_logger().warning(
+                f"camera FOV {fov:.1f} deg differs from the model card's {self._param('model_fov_deg'):.1f} deg")
+
+    def _on_odometry(self, msg: Odometry) -> None:
+        try:
+            stamp = _seconds(msg.header.stamp)
+            pose = conv.pose2d(msg)
+            ego = self.estimator.update(stamp, conv.odometry_to_velocity(msg), pose[2])
+            if not all(np.isfinite(pose)):
+                raise ValueError(f"non-finite pose {pose}")
+        except (WamDiffError, ValueError) as exc:
+            self._bad_input("odometry", exc)
+            return
+        with self._lock:
+            self._odom = (stamp, pose, ego)
+
+    def _on_command(self, msg: DrivingCommand) -> None:
+        command = COMMANDS.get(msg.command)
+        if command is None:
+            self._bad_input("command", ValueError(f"unknown command value {msg.command}"))
+            return
+        with self._lock:
+            self._command = (_seconds(msg.header.stamp) or self._now(), command)
+
+    def _on_question(self, msg: String) -> None:
+        if not self._active:
+            return
+        threading.Thread(target=self._answer, args=(msg.data,), daemon=True).start()
+
+    def _now(self) -> float:
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    # -- inference (the worker thread) ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while self._active:
+            frame = self.slot.take(timeout=0.2)
+            if frame is None:
+                continue
+            try:
+                self._cycle(frame)
+            except Exception as exc:  # keep the node alive whatever happens in one cycle
+                self.counters.errors += 1
+                self.counters.last_error = f"cycle: {exc!r}"
+                self.get_logger().error(f"planning cycle failed: {exc!r}", throttle_duration_sec=2.0)
+        self.counters.dropped = self.slot.replaced
+
+    def _cycle(self, frame: Frame) -> None:
+        if frame.stamp < self._last_image_stamp:  # a looping bag or a restarted simulator: start over
+            self.counters.resets += 1
+            self.estimator.reset()
+            with self._lock:
+                self._odom, self._last_path_odom = None, None
+            self.get_logger().warning("image time went backwards: inputs reset", throttle_duration_sec=2.0)
+        self._last_image_stamp = frame.stamp
+        with self._lock:
+            odom, command = self._odom, self._command
+        limits = InputLimits(self._param("sync_tolerance_ms") / 1e3, self._param("command_timeout_s"))
+        reason = check_inputs(frame.stamp, self._now(), odom[0] if odom else None,
+                              command[0] if command else None, limits)
+        if reason is not None:
+            self.counters.skip(reason)
+            self.get_logger().warning(f"cycle skipped: {reason}", throttle_duration_sec=2.0)
+            return
+        _, pose, ego = odom
+        planner = self.planner
+        t0 = time.perf_counter()
+        try:
+            plan = planner.plan(frame.rgb, ego, command[1])
+            failure = None if plan.valid else f"invalid plan: {plan.reason}"
+        except Exception as exc:
+            plan, failure = None, f"model error: {exc!r}"
+            self.counters.errors += 1
+            self.counters.last_error = failure
+        elapsed = time.perf_counter() - t0
+        age_ms = (self._now() - frame.stamp) * 1e3
+        if failure is None and age_ms > self._param("deadline_ms"):
+            self.counters.late += 1
+            failure = f"late: {age_ms:.0f} ms after the image (deadline {self._param('deadline_ms'):.0f} ms)"
+        if failure is not None:
+            plan = self._fallback(plan, ego, pose, failure)
+        self.latency.add(elapsed)
+        self.counters.planned += 1
+        self._publish(frame, plan, pose, fallback=failure is not None)
+
+    def _fallback(self, plan: Plan | None, ego: EgoState, pose, reason: str) -> Plan:
+        self.counters.fallback += 1
+        self.get_logger().warning(f"fallback stop: {reason}", throttle_duration_sec=2.0)
+        with self._lock:
+            last = self._last_path_odom
+        waypoints = fallback_stop(float(np.hypot(*ego.velocity)), last, pose, self._param("fallback_decel"))
+        stats = plan.stats if plan is not None else Plan(waypoints, np.zeros(8, np.float32)).stats
+        return Plan(waypoints, np.zeros(fmt.NUM_WAYPOINTS, np.float32), [], plan.text if plan else "", False,
+                    reason, stats)
+
+    def _publish(self, frame: Frame, plan: Plan, pose, fallback: bool) -> None:
+        stamp = frame.header.stamp
+        odom_frame = "odom"
+        waypoints_odom = conv.waypoints_to_odom(plan.waypoints, pose)
+        if plan.valid:
+            with self._lock:
+                self._last_path_odom = waypoints_odom
+        height, width = frame.rgb.shape[:2]
+        self._plan_pub.publish(planner_output_msg(plan, frame.header, pose, waypoints_odom, odom_frame, width, height,
+                                                  fallback))
+        self._path_pub.publish(conv.path_msg(waypoints_odom, stamp, odom_frame, origin=pose))
+        self._text_pub.publish(String(data=plan.text))
+        self._marker_pub.publish(conv.markers_msg(waypoints_odom, plan.waypoint_confidence, plan.text, stamp,
+                                                  odom_frame, NODE_NAME))
+
+    def _answer(self, question: str) -> None:
+        frame, planner = self._latest_frame, self.planner
+        if planner is None or frame is None:
+            self.get_logger().warning("question ignored: no image yet", throttle_duration_sec=2.0)
+            return
+        try:
+            self._answer_pub.publish(String(data=planner.ask(frame.rgb, question).text))
+        except Exception as exc:
+            self._bad_input("question", exc)
+
+    # -- diagnostics -------------------------------------------------------------------------------------------
+    def _fail(self, message: str) -> None:
+        self._status = (DiagnosticStatus.ERROR, message)
+        self.counters.last_error = message
+        self.get_logger().error(message)
+        self._publish_diagnostics()
+
+    def _publish_diagnostics(self) -> None:
+        c = self.counters
+        level, message = self._status
+        if level == DiagnosticStatus.OK and (c.fallback or c.skipped or c.bad_input or c.errors):
+            message = f"{message}; {c.fallback} fallbacks, {c.skipped} skipped, {c.bad_input} bad inputs"
+        values = {f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name != "reasons"}
+        values.update({f"skipped.{k}": v for k, v in c.reasons.items()})
+        values["dropped"] = self.slot.replaced
+        values["latency_p50_ms"] = round(1e3 * self.latency.percentile(50), 2)
+        values["latency_p99_ms"] = round(1e3 * self.latency.percentile(99), 2)
+        values["model"] = self.planner.bundle.source if self.planner else ""
+        with self._lock:
+            odom, command = self._odom, self._command
+        now = self._now()
+        values["odometry_age_s"] = round(now - odom[0], 3) if odom else "none"
+        values["command_age_s"] = round(now - command[0], 3) if command else "none"
+        status = DiagnosticStatus(level=level, name=f"{NODE_NAME}: planner", message=message,
+                                  hardware_id=NODE_NAME,
+                                  values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
+        msg = DiagnosticArray(status=[status])
+        msg.header.stamp = self.get_clock().now().to_msg()
+        self._diag_pub.publish(msg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv if argv is None else argv)
+    autostart = "--autostart" in argv
+    argv = [a for a in argv if a != "--autostart"]
+    rclpy.init(args=argv)
+    node = PlannerNode()
+    if autostart:
+        if node.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+            node.get_logger().error("configure failed; staying unconfigured")
+        else:
+            node.trigger_activate()
+    executor = MultiThreadedExecutor(num_threads=4)
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node._stop_worker()
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

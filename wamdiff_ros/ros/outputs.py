@@ -1,0 +1,45 @@
+"""Plan -> the package's own PlannerOutput message (the generated ``wamdiff_ros.msg`` interfaces)."""
+
+from __future__ import annotations
+
+import numpy as np
+from geometry_msgs.msg import PoseStamped
+
+from wamdiff_ros.msg import BoundingBox2D, PlannerOutput
+from wamdiff_ros.planner import Plan
+from wamdiff_ros.ros import conversions as conv
+
+BASE_FRAME = "base_link"
+
+
+def _poses(waypoints: np.ndarray, header, frame_id: str, origin) -> list[PoseStamped]:
+    return list(conv.path_msg(waypoints, header.stamp, frame_id, origin=origin).poses)
+
+
+def planner_output_msg(plan: Plan, header, pose: tuple[float, float, float], waypoints_odom: np.ndarray,
+                       odom_frame: str, width: int, height: int, fallback: bool) -> PlannerOutput:
+    """``header``: the input image's (its stamp is the output's); ``pose``: the ego in the odometry frame;
+    boxes scaled from the 0-1000 grid to pixels."""
+    msg = PlannerOutput()
+    msg.header.stamp = header.stamp
+    msg.header.frame_id = BASE_FRAME
+    msg.waypoints_base_link = _poses(plan.waypoints, header, BASE_FRAME, (0.0, 0.0, 0.0))
+    msg.waypoints_odom = _poses(waypoints_odom, header, odom_frame, pose)
+    msg.waypoint_confidence = [float(c) for c in plan.waypoint_confidence]
+    for box in plan.boxes:
+        x0, y0, x1, y1 = conv.box_to_pixels(box, width, height)
+        msg.boxes.append(BoundingBox2D(label=box.label, score=float(box.score), x_min=float(x0), y_min=float(y0),
+                                       x_max=float(x1), y_max=float(y1)))
+    msg.text = plan.text
+    msg.valid = bool(plan.valid)
+    msg.reason = plan.reason
+    msg.fallback = bool(fallback)
+    s = plan.stats
+    msg.block_size = int(s.block_size)
+    msg.denoise_steps = min(int(s.denoise_steps), 65535)
+    msg.forward_calls = min(int(s.forward_calls), 65535)
+    msg.new_tokens = min(int(s.new_tokens), 65535)
+    msg.vision_ms = float(s.vision_s * 1e3)
+    msg.prefill_ms = float(s.prefill_s * 1e3)
+    msg.decode_ms = float(s.decode_s * 1e3)
+    return msg
