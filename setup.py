@@ -7,7 +7,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["wamdiff_ros", "wamdiff_ros.*"]),
-    package_data={"wamdiff_ros": ["assets/*.png"]},
+    package_data={"wamdiff_ros": ["assets/*.png", "assets/*.mcap"]},
     install_requires=[
         "numpy>=1.26",
         "torch>=2.4",
@@ -23,6 +23,8 @@ setup(
             "wamdiff-plan = wamdiff_ros.cli:plan_main",
             "wamdiff-bench = wamdiff_ros.bench.__main__:main",
             "wamdiff_planner_node = wamdiff_ros.ros.node:main",
+            "wamdiff-replay = wamdiff_ros.ros.bags:replay_main",
+            "wamdiff-record = wamdiff_ros.ros.bags:record_main",
         ]
     },
 )

@@ -62,6 +62,7 @@ class Frame:
     stamp: float  # seconds, the node's clock
     header: object
     rgb: np.ndarray
+    convert_s: float = 0.0  # time spent turning the message into the array
 
 
 def _seconds(stamp) -> float:
@@ -91,7 +92,9 @@ class PlannerNode(LifecycleNode):
         p("diagnostics_period_s", 1.0, _descriptor("diagnostics publishing period", 0.1, 60.0))
         self.planner: Planner | None = None
         self.counters = Counters()
-        self.latency = LatencyWindow()
+        self.latency = LatencyWindow()  # inference (plan()) time
+        self.frame_to_plan = LatencyWindow()  # image stamp -> outputs published, on the node's clock
+        self.ros_overhead = LatencyWindow()  # message -> array conversion plus publishing the outputs
         self.slot: LatestSlot[Frame] = LatestSlot()
         self.estimator = conv.EgoEstimator()
         self._lock = threading.Lock()  # guards the latest odometry / command / path
@@ -208,13 +211,14 @@ class PlannerNode(LifecycleNode):
     def _accept_image(self, header, convert) -> None:
         if not self._active:
             return
+        t0 = time.perf_counter()
         try:
             rgb = convert()
         except WamDiffError as exc:
             self._bad_input("image", exc)
             return
         self.counters.frames += 1
-        frame = Frame(_seconds(header.stamp), header, rgb)
+        frame = Frame(_seconds(header.stamp), header, rgb, time.perf_counter() - t0)
         self._latest_frame = frame
         self.slot.put(frame)
 
@@ -312,7 +316,10 @@ class PlannerNode(LifecycleNode):
             plan = self._fallback(plan, ego, pose, failure)
         self.latency.add(elapsed)
         self.counters.planned += 1
+        t_publish = time.perf_counter()
         self._publish(frame, plan, pose, fallback=failure is not None)
+        self.ros_overhead.add(frame.convert_s + time.perf_counter() - t_publish)
+        self.frame_to_plan.add(self._now() - frame.stamp)
 
     def _fallback(self, plan: Plan | None, ego: EgoState, pose, reason: str) -> Plan:
         self.counters.fallback += 1
@@ -364,8 +371,10 @@ class PlannerNode(LifecycleNode):
         values = {f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name != "reasons"}
         values.update({f"skipped.{k}": v for k, v in c.reasons.items()})
         values["dropped"] = self.slot.replaced
-        values["latency_p50_ms"] = round(1e3 * self.latency.percentile(50), 2)
-        values["latency_p99_ms"] = round(1e3 * self.latency.percentile(99), 2)
+        for name, window in (("inference", self.latency), ("frame_to_plan", self.frame_to_plan),
+                             ("ros_overhead", self.ros_overhead)):
+            values[f"{name}_p50_ms"] = round(1e3 * window.percentile(50), 3)
+            values[f"{name}_p99_ms"] = round(1e3 * window.percentile(99), 3)
         values["model"] = self.planner.bundle.source if self.planner else ""
         with self._lock:
             odom, command = self._odom, self._command
