@@ -17,8 +17,13 @@ pytestmark = [pytest.mark.ros, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory):
-    node = NodeProcess(tmp_path_factory.mktemp("node") / "node.log", *FAST)
+def blackbox_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("blackbox")
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory, blackbox_dir):
+    node = NodeProcess(tmp_path_factory.mktemp("node") / "node.log", *FAST, "-p", f"blackbox_dir:={blackbox_dir}")
     h = Harness()
     start(h, node)
     h.send_command(msgs.DrivingCommand.LEFT)
@@ -90,7 +95,7 @@ def test_bad_inputs_leave_the_node_answering(harness):
     assert int(diagnostics_values(h)["bad_input"]) >= 4
 
 
-def test_deadline_miss_gives_a_flagged_fallback(harness):
+def test_deadline_miss_gives_a_flagged_fallback_and_a_black_box_file(harness, blackbox_dir):
     h = harness
     assert set_param(h, "deadline_ms", 1.0)
     try:
@@ -100,6 +105,11 @@ def test_deadline_miss_gives_a_flagged_fallback(harness):
         assert all(b >= a - 1e-6 for a, b in zip(xs, xs[1:]))  # a stop along the path: no reversing
     finally:
         assert set_param(h, "deadline_ms", 30000.0)
+    assert h.wait_for(lambda: any(blackbox_dir.glob("*.mcap")), 20.0)
+    from wamdiff_ros.ros.bags import topic_counts
+
+    counts = {topic: n for topic, (_, n) in topic_counts(next(blackbox_dir.glob("*.mcap"))).items()}
+    assert counts.get(f"{NODE}/input/image", 0) >= 1 and counts.get(f"{NODE}/input/odometry", 0) >= 1
 
 
 def test_question_gets_one_answer(harness):

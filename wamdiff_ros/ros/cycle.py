@@ -81,6 +81,7 @@ class Counters:
     bad_input: int = 0
     errors: int = 0
     resets: int = 0  # time went backwards (a looping bag, a restarted simulator)
+    blackbox_files: int = 0
     last_error: str = ""
     reasons: dict[str, int] = field(default_factory=dict)
 

@@ -11,6 +11,7 @@ counted, logged (throttled) and reported in the diagnostics.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import threading
 import time
@@ -90,6 +91,11 @@ class PlannerNode(LifecycleNode):
         p("deadline_ms", 1000.0, _descriptor("a plan later than this after its image is replaced", 1.0, 60000.0))
         p("fallback_decel", 2.0, _descriptor("deceleration of the fallback stop, m/s^2", 0.5, 8.0))
         p("diagnostics_period_s", 1.0, _descriptor("diagnostics publishing period", 0.1, 60.0))
+        p("blackbox_dir", "", _descriptor("where fallbacks dump the last inputs as MCAP ('' = $ROS_HOME/wamdiff_blackbox"
+                                          ", 'off' = never)", read_only=True))
+        p("blackbox_seconds", 10.0, _descriptor("seconds of inputs a black-box file holds", 1.0, 600.0, read_only=True))
+        p("blackbox_max_mb", 64.0, _descriptor("memory cap of the black-box buffer", 1.0, 4096.0, read_only=True))
+        p("blackbox_min_interval_s", 10.0, _descriptor("at most one black-box file per this many seconds", 0.0, 3600.0))
         self.planner: Planner | None = None
         self.counters = Counters()
         self.latency = LatencyWindow()  # inference (plan()) time
@@ -140,6 +146,7 @@ class PlannerNode(LifecycleNode):
         self.create_subscription(Odometry, "~/input/odometry", self._on_odometry, 20)
         self.create_subscription(DrivingCommand, "~/input/command", self._on_command, command_qos)
         self.create_subscription(String, "~/input/question", self._on_question, 10)
+        self._setup_blackbox(command_qos)
         self._status = (DiagnosticStatus.OK, f"configured: {self.planner.bundle.source}")
         self.get_logger().info(f"model {self.planner.bundle.source} loaded; settings {self.planner.settings}")
         return TransitionCallbackReturn.SUCCESS
@@ -177,6 +184,47 @@ class PlannerNode(LifecycleNode):
         if self._worker is not None:
             self._worker.join(timeout=30.0)
             self._worker = None
+
+    # -- black box ----------------------------------------------------------------------------------------------
+    def _setup_blackbox(self, command_qos: QoSProfile) -> None:
+        """Raw copies of the inputs feed a rolling buffer that a fallback dumps to MCAP (size-capped)."""
+        folder = self._param("blackbox_dir")
+        self.blackbox = None
+        if folder == "none":
+            return
+        from wamdiff_ros.ros.blackbox import BlackBox
+
+        home = os.environ.get("ROS_HOME", os.path.join(os.path.expanduser("~"), ".ros"))
+        self._blackbox_dir = folder or os.path.join(home, "wamdiff_blackbox")
+        self.blackbox = BlackBox(self._param("blackbox_seconds"), int(self._param("blackbox_max_mb") * 2**20))
+        self._last_dump = -np.inf
+        image = ("~/input/image/compressed", "sensor_msgs/msg/CompressedImage", CompressedImage) \
+            if self._param("compressed") else ("~/input/image", "sensor_msgs/msg/Image", Image)
+        for topic, msgtype, cls, qos in (
+            (*image, qos_profile_sensor_data),
+            ("~/input/odometry", "nav_msgs/msg/Odometry", Odometry, 20),
+            ("~/input/command", "wamdiff_ros/msg/DrivingCommand", DrivingCommand, command_qos),
+        ):
+            name = self.resolve_topic_name(topic)
+            self.create_subscription(cls, topic, lambda raw, n=name, t=msgtype: self.blackbox.add(
+                n, t, self.get_clock().now().nanoseconds, raw), qos, raw=True)
+
+    def _dump_blackbox(self, reason: str) -> None:
+        if self.blackbox is None or time.monotonic() - self._last_dump < self._param("blackbox_min_interval_s"):
+            return
+        self._last_dump = time.monotonic()
+
+        def write() -> None:
+            try:
+                os.makedirs(self._blackbox_dir, exist_ok=True)
+                path = self.blackbox.dump(self._blackbox_dir)
+                self.counters.blackbox_files += 1
+                self.get_logger().warning(f"black box written to {path} ({reason})")
+            except Exception as exc:  # a full disk must not stop planning
+                self.counters.last_error = f"black box: {exc!r}"
+                self.get_logger().error(f"black box not written: {exc!r}", throttle_duration_sec=10.0)
+
+        threading.Thread(target=write, name="wamdiff-blackbox", daemon=True).start()
 
     # -- parameters -------------------------------------------------------------------------------------------
     def _param(self, name: str):
@@ -324,6 +372,7 @@ class PlannerNode(LifecycleNode):
     def _fallback(self, plan: Plan | None, ego: EgoState, pose, reason: str) -> Plan:
         self.counters.fallback += 1
         self.get_logger().warning(f"fallback stop: {reason}", throttle_duration_sec=2.0)
+        self._dump_blackbox(reason)
         with self._lock:
             last = self._last_path_odom
         waypoints = fallback_stop(float(np.hypot(*ego.velocity)), last, pose, self._param("fallback_decel"))
