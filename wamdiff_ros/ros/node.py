@@ -33,7 +33,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import WamDiffError
 from wamdiff_ros.msg import DrivingCommand, PlannerOutput
-from wamdiff_ros.planner import EgoState, Plan, Planner
+from wamdiff_ros.planner import EgoState, Plan, Planner, PlanStats
 from wamdiff_ros.ros import conversions as conv
 from wamdiff_ros.ros.outputs import planner_output_msg
 from wamdiff_ros.ros.cycle import Counters, InputLimits, LatencyWindow, LatestSlot, check_inputs, fallback_stop
@@ -110,6 +110,7 @@ class PlannerNode(LifecycleNode):
         self._last_image_stamp = -np.inf
         self._worker: threading.Thread | None = None
         self._latest_frame: Frame | None = None
+        self._question: str | None = None
         self._active = False
         self._status = (DiagnosticStatus.WARN, "unconfigured")
         self._fov_warned = False
@@ -307,9 +308,8 @@ class PlannerNode(LifecycleNode):
             self._command = (_seconds(msg.header.stamp) or self._now(), command)
 
     def _on_question(self, msg: String) -> None:
-        if not self._active:
-            return
-        threading.Thread(target=self._answer, args=(msg.data,), daemon=True).start()
+        if self._active:
+            self._question = msg.data  # answered by the inference thread between frames (the model is not shared)
 
     def _now(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
@@ -318,6 +318,9 @@ class PlannerNode(LifecycleNode):
     def _run(self) -> None:
         while self._active:
             frame = self.slot.take(timeout=0.2)
+            question, self._question = self._question, None
+            if question is not None:
+                self._answer(question)
             if frame is None:
                 continue
             try:
@@ -376,7 +379,7 @@ class PlannerNode(LifecycleNode):
         with self._lock:
             last = self._last_path_odom
         waypoints = fallback_stop(float(np.hypot(*ego.velocity)), last, pose, self._param("fallback_decel"))
-        stats = plan.stats if plan is not None else Plan(waypoints, np.zeros(8, np.float32)).stats
+        stats = plan.stats if plan is not None else PlanStats()
         return Plan(waypoints, np.zeros(fmt.NUM_WAYPOINTS, np.float32), [], plan.text if plan else "", False,
                     reason, stats)
 
