@@ -79,3 +79,21 @@ def test_launch_description_builds(path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.generate_launch_description().entities
+
+
+def test_installed_prefix_holds_every_launched_executable(monkeypatch):
+    import os
+    import sys
+
+    ament = pytest.importorskip("ament_index_python.packages", reason="ament_index_python not installed")
+    prefixes = [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
+    monkeypatch.setenv("AMENT_PREFIX_PATH", os.pathsep.join(prefixes + [sys.prefix]))  # make setup's prefix
+    try:
+        prefix = ament.get_package_prefix("wamdiff_ros")
+    except ament.PackageNotFoundError:
+        pytest.skip("wamdiff_ros is not installed into an ament prefix (make setup / colcon build)")
+
+    for path in LAUNCH_FILES:
+        for call in _calls(ast.parse(path.read_text()), "LifecycleNode") + _calls(ast.parse(path.read_text()), "Node"):
+            exe = Path(prefix) / "lib" / "wamdiff_ros" / _kw(call, "executable").value
+            assert exe.is_file() and os.access(exe, os.X_OK), exe

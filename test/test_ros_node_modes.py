@@ -53,7 +53,10 @@ def _jpeg(h: Harness) -> CompressedImage:
 
 
 def test_compressed_images(run):
-    h = run("-p", "compressed:=true")
+    h = run("-p", "compressed:=true", "-p", "image_width:=256", "-p", "image_height:=128")
+    h.send_frame(image_msg=_jpeg(h), topic="compressed")  # no command yet: skipped, counted
+    h.spin(1.0)
+    assert h.wait_for(lambda: int(diagnostics_values(h).get("skipped.missing command", 0)) >= 1, 10.0)
     h.send_command(msgs.DrivingCommand.RIGHT)
     h.spin(1.0)
     _, plan = round_trip(h, image_msg=_jpeg(h), topic="compressed")

@@ -1,10 +1,11 @@
-"""``wamdiff-bench <benchmark> [args]``: decode (more benchmarks join as the package grows)."""
+"""``wamdiff-bench <benchmark> [args]``: decode, node (more benchmarks join as the package grows)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-BENCHMARKS = ("decode",)
+BENCHMARKS = ("decode", "node")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -12,9 +13,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in BENCHMARKS:
         print(f"usage: wamdiff-bench {{{','.join(BENCHMARKS)}}} [options]", file=sys.stderr)
         return 2
-    from wamdiff_ros.bench import decode
-
-    return decode.main(argv[1:])
+    # Imported on demand: the node benchmark must set its ROS environment before rclpy loads, and needs no torch.
+    bench = importlib.import_module(f"wamdiff_ros.bench.{argv[0]}")
+    return bench.main(argv[1:])
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ COMMANDS = {
 DECODE_PARAMS = ("block_size", "steps", "threshold", "schedule", "max_new_tokens", "constrain")
 
 
-def _descriptor(text: str, lo: float | None = None, hi: float | None = None, integer: bool = False,
+def _descriptor(text: str, lo: float | None = None, hi: float | None = None, integer: bool = False, *,
                 read_only: bool = False) -> ParameterDescriptor:
     d = ParameterDescriptor(description=text, read_only=read_only)
     if lo is not None and integer:
@@ -78,6 +78,8 @@ class PlannerNode(LifecycleNode):
         p("model", "tiny-random", _descriptor("checkpoint folder or tiny-random", read_only=True))
         p("device", "cpu", _descriptor("torch device", read_only=True))
         p("dtype", "float32", _descriptor("float32 | bfloat16 | float16", read_only=True))
+        p("torch_threads", -1, _descriptor("CPU threads for inference; -1 = all cores but one (left for message "
+                                           "handling), 0 = torch's default", -1, 256, True, read_only=True))
         p("block_size", defaults.block_size, _descriptor("B, at most the checkpoint's trained block size", 1, 256, True))
         p("steps", defaults.steps, _descriptor("denoising steps per block, at most", 1, 256, True))
         p("threshold", defaults.threshold, _descriptor("confidence threshold", 0.01, 1.0))
@@ -85,6 +87,12 @@ class PlannerNode(LifecycleNode):
         p("max_new_tokens", defaults.max_new_tokens, _descriptor("answer token budget", 80, 1024, True))
         p("constrain", defaults.constrain, _descriptor("constrain plans to the waypoint grammar"))
         p("compressed", False, _descriptor("subscribe to ~/input/image/compressed instead", read_only=True))
+        p("image_width", 0, _descriptor("resize images to this width before planning (0 = as received)", 0, 8192, True))
+        p("image_height", 0, _descriptor("resize images to this height before planning (0 = as received)", 0, 8192,
+                                         True))
+        p("image_reliability", "best_effort", _descriptor("image QoS: best_effort (sensor data) | reliable",
+                                                          read_only=True))
+        p("image_depth", 1, _descriptor("image QoS history depth", 1, 100, True, read_only=True))
         p("model_fov_deg", 90.0, _descriptor("horizontal FOV the model was trained with", 10.0, 180.0))
         p("sync_tolerance_ms", 100.0, _descriptor("odometry must be this close to the image stamp", 0.0, 10000.0))
         p("command_timeout_s", 10.0, _descriptor("a navigation command older than this is stale", 0.0, 3600.0))
@@ -123,6 +131,16 @@ class PlannerNode(LifecycleNode):
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
+            self._image_qos()
+        except ValueError as exc:
+            self._fail(str(exc))
+            return TransitionCallbackReturn.FAILURE
+        threads = self._param("torch_threads")
+        if threads != 0:
+            import torch
+
+            torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1) if threads < 0 else threads)
+        try:
             self.planner = Planner.from_pretrained(
                 self._param("model"), device=self._param("device"), dtype=self._dtype(),
                 **{k: self._param(k) for k in DECODE_PARAMS},
@@ -138,11 +156,11 @@ class PlannerNode(LifecycleNode):
         self._marker_pub = out(MarkerArray, "~/debug/markers", 10)
         command_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
                                  durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        image_qos = self._image_qos()
         if self._param("compressed"):
-            self.create_subscription(CompressedImage, "~/input/image/compressed", self._on_compressed,
-                                     qos_profile_sensor_data)
+            self.create_subscription(CompressedImage, "~/input/image/compressed", self._on_compressed, image_qos)
         else:
-            self.create_subscription(Image, "~/input/image", self._on_image, qos_profile_sensor_data)
+            self.create_subscription(Image, "~/input/image", self._on_image, image_qos)
         self.create_subscription(CameraInfo, "~/input/camera_info", self._on_camera_info, qos_profile_sensor_data)
         self.create_subscription(Odometry, "~/input/odometry", self._on_odometry, 20)
         self.create_subscription(DrivingCommand, "~/input/command", self._on_command, command_qos)
@@ -202,7 +220,7 @@ class PlannerNode(LifecycleNode):
         image = ("~/input/image/compressed", "sensor_msgs/msg/CompressedImage", CompressedImage) \
             if self._param("compressed") else ("~/input/image", "sensor_msgs/msg/Image", Image)
         for topic, msgtype, cls, qos in (
-            (*image, qos_profile_sensor_data),
+            (*image, self._image_qos()),
             ("~/input/odometry", "nav_msgs/msg/Odometry", Odometry, 20),
             ("~/input/command", "wamdiff_ros/msg/DrivingCommand", DrivingCommand, command_qos),
         ):
@@ -230,6 +248,24 @@ class PlannerNode(LifecycleNode):
     # -- parameters -------------------------------------------------------------------------------------------
     def _param(self, name: str):
         return self.get_parameter(name).value
+
+    def _image_qos(self) -> QoSProfile:
+        reliability = self._param("image_reliability")
+        if reliability not in ("best_effort", "reliable"):
+            raise ValueError(f"image_reliability {reliability!r} is not best_effort or reliable")
+        return QoSProfile(
+            depth=self._param("image_depth"),
+            reliability=ReliabilityPolicy.BEST_EFFORT if reliability == "best_effort" else ReliabilityPolicy.RELIABLE,
+            durability=DurabilityPolicy.VOLATILE,
+        )
+
+    def _resize(self, rgb: np.ndarray) -> np.ndarray:
+        width, height = self._param("image_width"), self._param("image_height")
+        if not width or not height or rgb.shape[:2] == (height, width):
+            return rgb
+        from PIL import Image as PILImage
+
+        return np.asarray(PILImage.fromarray(rgb).resize((width, height), PILImage.BILINEAR))
 
     def _dtype(self):
         import torch
@@ -262,7 +298,7 @@ class PlannerNode(LifecycleNode):
             return
         t0 = time.perf_counter()
         try:
-            rgb = convert()
+            rgb = self._resize(convert())
         except WamDiffError as exc:
             self._bad_input("image", exc)
             return
