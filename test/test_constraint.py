@@ -40,7 +40,7 @@ def _decode(constraint, vocab: int, eos: int, block: int, steps: int, max_new: i
             logits = torch.randn(n, vocab + 1, generator=gen) * 4
             p, prediction, grammar_logits = view.decide(logits)
             select, after = view.choose(unmask_top_k(p, masked, k))
-            assert select.any()
+            assert select.any() and after.feasible  # the kept fixes still leave a way to a complete answer
             current = torch.where(select, prediction, current)
             masked &= ~select
             view = after
