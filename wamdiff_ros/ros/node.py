@@ -22,7 +22,7 @@ import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from nav_msgs.msg import Odometry, Path
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, CompressedImage, Image
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             node.get_logger().error("configure failed; staying unconfigured")
         else:
             node.trigger_activate()
-    executor = MultiThreadedExecutor(num_threads=4)
+    executor = SingleThreadedExecutor()  # callbacks are short; inference has its own thread
     executor.add_node(node)
     try:
         executor.spin()
