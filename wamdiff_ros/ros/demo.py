@@ -125,7 +125,8 @@ def report(bag: Path, recording: Path, out: Path) -> int:
     print(f"{len(frames)} camera frames replayed, {len(plans)} plans recorded ({fallbacks} fallbacks), "
           f"{len(drawn)} drawn")
     if values:
-        print(f"node: frames {values.get('frames')}, planned {values.get('planned')}, dropped (newer frame won) "
+        print(f"node (its last diagnostics before the bag ended): frames {values.get('frames')}, "
+              f"planned {values.get('planned')}, dropped (newer frame won) "
               f"{values.get('dropped')}, skipped {values.get('skipped')}")
         print(f"latency: inference p50 {values.get('inference_p50_ms')} ms; frame->plan p50 "
               f"{values.get('frame_to_plan_p50_ms')} / p99 {values.get('frame_to_plan_p99_ms')} ms (sim time); "
