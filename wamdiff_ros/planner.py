@@ -178,7 +178,7 @@ class Planner:
         prompt = fmt.plan_prompt(command, ego.velocity, ego.acceleration)
         text, generation = self._run(prompt, image, self._constraint)
         parsed = fmt.parse_waypoints(text)
-        texts = [self.bundle.tokenizer.decode([t]) for t in generation.result.tokens]
+        texts = self.bundle.tokenizer.batch_decode([[t] for t in generation.result.tokens])
         conf = waypoint_confidence(texts, generation.result.confidence)
         if not parsed.valid:
             conf = np.zeros(fmt.NUM_WAYPOINTS, dtype=np.float32)

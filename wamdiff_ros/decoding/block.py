@@ -23,6 +23,7 @@ from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmas
 
 class BlockBackend(Protocol):
     forward_calls: int
+    device: torch.device
 
     def step(self, block: torch.Tensor) -> torch.Tensor: ...  # (n,) tokens -> (n, V) logits, nothing kept
 
@@ -44,6 +45,7 @@ class CachedBackend:
 
     def __init__(self, engine) -> None:
         self.engine = engine
+        self.device = engine.device
 
     @property
     def forward_calls(self) -> int:
@@ -94,7 +96,7 @@ def decode_blocks(
 
 
 def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_step, pending):
-    block = torch.full((n,), mask_id, dtype=torch.long, device=_device(backend))
+    block = torch.full((n,), mask_id, dtype=torch.long, device=backend.device)
     masked = torch.ones(n, dtype=torch.bool, device=block.device)
     conf = torch.zeros(n, dtype=torch.float32, device=block.device)
     schedule = tokens_per_step(n, settings.steps) if settings.schedule == "static" else None
@@ -133,7 +135,3 @@ def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_
             block, conf = filled, torch.where(masked, filled_conf, conf)
     return block, conf, step
 
-
-def _device(backend) -> torch.device:
-    engine = getattr(backend, "engine", None)
-    return engine.device if engine is not None else torch.device("cpu")

@@ -18,6 +18,7 @@ class FullSequenceBackend:
         self.prompt = prompt
         self.block_size = block_size
         self.prompt_block_size = prompt_block_size
+        self.device = prompt.input_ids.device
         self.committed: list[int] = []
         self.forward_calls = 0
         self._vision = None

@@ -75,7 +75,6 @@ class Counters:
     frames: int = 0
     planned: int = 0
     skipped: int = 0  # a cycle skipped because an input was missing, stale or out of sync
-    dropped: int = 0  # frames replaced before inference took them (input faster than inference)
     late: int = 0  # plans past the deadline
     fallback: int = 0
     bad_input: int = 0
