@@ -25,26 +25,54 @@ _LIMIT_PX = 1e5  # projected coordinates are clipped here so PIL never sees absu
 
 @dataclass(frozen=True, slots=True)
 class CameraModel:
-    """Pinhole camera at the ego origin, ``height_m`` above the ground, looking along +x; ``pitch_deg`` > 0 tilts it
-    down. ``fov_deg`` is the horizontal field of view; pixels are square and the principal point is the centre."""
+    """Pinhole camera ``forward_m`` ahead of the ego origin and ``height_m`` above the ground, looking along +x;
+    ``pitch_deg`` > 0 tilts it down. ``fov_deg`` is the horizontal field of view; pixels are square and the principal
+    point is the centre. The world renderer (``wamdiff_ros.world.camera``) projects with this same definition."""
 
     fov_deg: float = 90.0
     height_m: float = 1.5
     pitch_deg: float = 0.0
+    forward_m: float = 0.0
+
+    def focal_px(self, width: int) -> float:
+        return (width / 2.0) / math.tan(math.radians(self.fov_deg) / 2.0)
+
+    def ego_to_camera(self) -> tuple[np.ndarray, np.ndarray]:
+        """(R, t): an ego-frame point p (x forward, y left, z up) has camera coordinates (right, down, depth)
+        ``R @ (p - t)``; t is the camera position in the ego frame."""
+        c, s = math.cos(math.radians(self.pitch_deg)), math.sin(math.radians(self.pitch_deg))
+        rot = np.array([[0.0, -1.0, 0.0], [-s, 0.0, -c], [c, 0.0, -s]])
+        return rot, np.array([self.forward_m, 0.0, self.height_m])
+
+    def pixels(self, camera_points: np.ndarray, width: int, height: int) -> np.ndarray:
+        """Camera coordinates (N, 3) (right, down, depth > 0) to pixels (N, 2) (u right, v down; pixel i spans
+        [i, i + 1))."""
+        p = np.asarray(camera_points, dtype=np.float64).reshape(-1, 3)
+        f = self.focal_px(width)
+        return np.stack([width / 2.0 + f * p[:, 0] / p[:, 2], height / 2.0 + f * p[:, 1] / p[:, 2]], axis=1)
+
+    def project_points(self, points_xyz: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ego-frame 3-D points (N, 3) to pixels (N, 2) and a bool mask of finite points more than 0.1 m in front of
+        the image plane; points outside the mask are NaN."""
+        rot, t = self.ego_to_camera()
+        with np.errstate(invalid="ignore"):
+            cam = (np.asarray(points_xyz, dtype=np.float64).reshape(-1, 3) - t) @ rot.T
+        return self._masked(cam, np.isfinite(cam).all(axis=1) & (cam[:, 2] > MIN_FRONT_M), width, height)
 
     def project(self, points_xy: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
         """Ground points (N, 2) to pixels (N, 2) float64 (u right, v down) and a bool mask of points in front of
-        the camera (x > 0.1 m, finite, ahead of the image plane). Points outside the mask are NaN."""
+        the camera (x > 0.1 m ahead of the camera, finite, ahead of the image plane). Points outside the mask are
+        NaN."""
         pts = np.asarray(points_xy, dtype=np.float64).reshape(-1, 2)
-        f = (width / 2.0) / math.tan(math.radians(self.fov_deg) / 2.0)
-        pitch = math.radians(self.pitch_deg)
-        x, right, down = pts[:, 0], -pts[:, 1], np.full(len(pts), self.height_m)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            depth = x * math.cos(pitch) + down * math.sin(pitch)
-            down_c = down * math.cos(pitch) - x * math.sin(pitch)
-            mask = np.isfinite(pts).all(axis=1) & (x > MIN_FRONT_M) & (depth > 1e-6)
-            uv = np.stack([width / 2.0 + f * right / depth, height / 2.0 + f * down_c / depth], axis=1)
-        uv[~mask] = np.nan
+        rot, t = self.ego_to_camera()
+        with np.errstate(invalid="ignore"):
+            cam = (np.concatenate([pts, np.zeros((len(pts), 1))], axis=1) - t) @ rot.T
+            mask = np.isfinite(pts).all(axis=1) & (pts[:, 0] - self.forward_m > MIN_FRONT_M) & (cam[:, 2] > 1e-6)
+        return self._masked(cam, mask, width, height)
+
+    def _masked(self, cam: np.ndarray, mask: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+        uv = np.full((len(cam), 2), np.nan)
+        uv[mask] = self.pixels(cam[mask], width, height)
         return np.clip(uv, -_LIMIT_PX, _LIMIT_PX), mask
 
 
