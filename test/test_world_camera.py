@@ -209,3 +209,12 @@ def test_config_is_validated(kwargs: dict, field: str) -> None:
     with pytest.raises(CameraConfigError) as e:
         CameraConfig(**kwargs)
     assert isinstance(e.value, ValueError) and e.value.field == field and field in str(e.value)
+
+
+def test_road_entirely_outside_the_view_renders_sky_and_grass_only() -> None:
+    """Regression: with every road chunk in front of the camera but out of the image, nothing is drawn."""
+    strip = LaneStrip(np.array([[5.0, 30.0], [25.0, 30.0]]), np.array([3.5, 3.5]), LINE_DASHED, LINE_SOLID)
+    road = RoadGeometry((strip,))
+    frame = render([], road=road, ego=Pose2D(0.0, 0.0, 0.0))
+    blank = render([])
+    assert np.array_equal(frame.image, blank.image)

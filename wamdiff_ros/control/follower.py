@@ -177,7 +177,7 @@ class WaypointFollower:
             desired, plan_accel = plan.profile_at(t)
             # Brake on the speed half a waypoint ahead too (a fresh plan's first segment mean, as the reference
             # agents test it): a plan that starts from rest wants 0 m/s now and must not be held on the brake.
-            slow = max(desired, plan.profile_at(t + plan.dt / 2)[0]) < g.brake_speed_mps
+            slow = max(desired, plan.profile_at(t + plan.dt / 2)[0], plan.profile_at(t + plan.dt)[0]) < g.brake_speed_mps
             creeping = self._creeping(plan, slow, t)
             target = g.creep_speed_mps if creeping else desired
             if slow and not creeping:

@@ -201,7 +201,7 @@ class FrontCamera:
             uv = self._pil(cam[front])
             lo, hi = uv.min(axis=1), uv.max(axis=1)
             on = (hi[:, 0] >= -1) & (lo[:, 0] <= w) & (hi[:, 1] >= -1) & (lo[:, 1] <= h)
-            for xy in uv[on].reshape(int(on.sum()), -1).tolist():
+            for xy in uv[on].reshape(int(on.sum()), -1).tolist() if on.any() else ():
                 draw.polygon(xy, fill=layer.rgb, outline=outline)
         crossing = ~front & (depth.max(axis=1) > NEAR_M)
         if crossing.any():

@@ -1,0 +1,164 @@
+"""One closed-loop episode: world -> sensors -> planner -> ``WaypointFollower`` -> highway-env actuator -> world.
+
+Two timing modes:
+- ``paused``: the world waits for the planner; a plan takes effect at the time of its image.
+- ``realtime``: the world does not wait: a plan takes effect ``latency x hardware_factor`` seconds after its image
+  (the previous plan is followed meanwhile, one request in flight at a time, as in the node), and the follower
+  re-expresses it in the current ego frame. A faster decoder therefore drives on fresher plans.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from wamdiff_ros import format as fmt
+from wamdiff_ros.control import FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
+from wamdiff_ros.world.camera import CameraConfig, CameraFrame, FrontCamera
+from wamdiff_ros.world.expert import Expert
+from wamdiff_ros.world.metrics import EpisodeLog
+from wamdiff_ros.world.scenarios import ScenarioSet, ScenarioSpec
+from wamdiff_ros.world.sim import World
+
+MODES = ("paused", "realtime")
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    mode: str = "paused"
+    plan_hz: float = 5.0  # how often a new plan is requested (the node's timer; at most one in flight)
+    hardware_factor: float = 1.0  # realtime mode: measured latency x this = sim delay
+    camera: CameraConfig = field(default_factory=CameraConfig)
+    keep_frames: bool = False  # keep (image, plan) pairs for a video
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {self.mode!r}")
+        if not self.plan_hz > 0 or not self.hardware_factor > 0:
+            raise ValueError("plan_hz and hardware_factor must be > 0")
+
+
+@dataclass(slots=True)
+class Observation:
+    """What a planner may use. ``world`` is the privileged simulator state: only the expert reads it."""
+
+    frame: CameraFrame | None
+    ego_velocity: tuple[float, float]
+    ego_acceleration: tuple[float, float]
+    command: fmt.Command
+    world: World
+
+
+@dataclass(slots=True)
+class PlanResult:
+    waypoints: np.ndarray  # (8, 2) ego frame
+    valid: bool = True
+    forward_calls: int = 0
+    new_tokens: int = 0
+    boxes: list = field(default_factory=list)
+
+
+class ClosedLoopPlanner(Protocol):
+    name: str
+    needs_camera: bool
+
+    def reset(self, world: World) -> None: ...
+
+    def plan(self, obs: Observation) -> PlanResult: ...
+
+
+class ExpertPlanner:
+    name, needs_camera = "expert", False
+
+    def reset(self, world: World) -> None:
+        self._expert = Expert(world)
+
+    def plan(self, obs: Observation) -> PlanResult:
+        return PlanResult(self._expert.plan().waypoints)
+
+
+class ConstantVelocityPlanner:
+    """Keeps the current velocity vector (ego frame) for 4 s: the baseline that ignores everything."""
+
+    name, needs_camera = "constant_velocity", False
+
+    def reset(self, world: World) -> None:
+        pass
+
+    def plan(self, obs: Observation) -> PlanResult:
+        t = np.arange(1, fmt.NUM_WAYPOINTS + 1)[:, None] * fmt.WAYPOINT_DT_S
+        return PlanResult((t * np.asarray(obs.ego_velocity)[None]).astype(np.float32))
+
+
+class ModelPlanner:
+    """The package's ``Planner`` on the rendered front camera, ego velocity / acceleration and the route command."""
+
+    needs_camera = True
+
+    def __init__(self, planner, name: str = "model") -> None:
+        from wamdiff_ros.planner import EgoState  # torch only where a model runs
+
+        self._planner, self._ego_state, self.name = planner, EgoState, name
+
+    def reset(self, world: World) -> None:
+        pass
+
+    def plan(self, obs: Observation) -> PlanResult:
+        p = self._planner.plan(obs.frame.image, self._ego_state(obs.ego_velocity, obs.ego_acceleration), obs.command)
+        return PlanResult(p.waypoints, bool(p.valid), p.stats.forward_calls, p.stats.new_tokens, p.boxes)
+
+
+@dataclass(slots=True)
+class EpisodeResult:
+    log: EpisodeLog
+    sim_steps: int
+    wall_s: float
+    frames: list = field(default_factory=list)  # (image, waypoints, boxes, text) when keep_frames
+
+
+def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, config: LoopConfig = LoopConfig(),
+                scenarios: ScenarioSet | None = None, gains: FollowerGains | None = None) -> EpisodeResult:
+    start = time.perf_counter()
+    world = World(spec, seed, scenarios)
+    gains = gains or FollowerGains.for_world("highway_env")
+    follower, actuator = WaypointFollower(gains), HighwayEnvActuator(gains)
+    camera = FrontCamera(world.geometry, config.camera) if planner.needs_camera or config.keep_frames else None
+    planner.reset(world)
+    period = 1.0 / config.plan_hz
+    next_request, active, pending = 0.0, None, None  # pending: (effective time, plan)
+    latencies, calls, tokens, frames, steps = [], 0, 0, [], 0
+    while not world.done:
+        if pending is not None and world.t >= pending[0] - 1e-9:
+            active, pending = pending[1], None
+        if pending is None and world.t >= next_request - 1e-9:
+            frame = camera.render(world.ego_pose, world.others()) if camera is not None else None
+            obs = Observation(frame, world.ego_velocity(), world.ego_acceleration(), world.command, world)
+            t0 = time.perf_counter()
+            result = planner.plan(obs)
+            latency = time.perf_counter() - t0
+            latencies.append(latency)
+            calls, tokens = calls + result.forward_calls, tokens + result.new_tokens
+            tracked = TrackedPlan(result.waypoints, world.ego_pose, world.t, valid=result.valid)
+            if config.mode == "paused":
+                active = tracked
+            else:
+                pending = (world.t + latency * config.hardware_factor, tracked)
+            next_request = world.t + period
+            if config.keep_frames and frame is not None:
+                frames.append((frame.image, np.asarray(result.waypoints), result.boxes,
+                               f"{spec.name} t={world.t:4.1f}s {world.command.value} v={world.ego_speed:4.1f}m/s"))
+        control = follower.step(active, world.ego_pose, world.ego_speed, world.t)
+        world.step(*actuator(control))
+        steps += 1
+    tr = world.trace
+    log = EpisodeLog(
+        scenario=spec.name, seed=seed, planner=planner.name, mode=config.mode, route_length_m=world.route_length_m,
+        time_limit_s=spec.duration_s, dt=world.dt, t=tr["t"], x=tr["x"], y=tr["y"], heading=tr["heading"],
+        speed=tr["speed"], progress_m=tr["progress_m"], on_route_lanes=world.trace_on_route, events=world.events,
+        end_reason=world.end_reason, plan_latency_s=latencies,
+        forward_calls_per_token=calls / tokens if tokens else None,
+    )
+    return EpisodeResult(log, steps, time.perf_counter() - start, frames)

@@ -1,0 +1,187 @@
+"""Expert demonstrations in the CPU driving world, with DAgger-lite noise: the rollouts behind ``wamdiff-data``.
+
+Each episode drives the privileged expert through the waypoint follower (replanned at ``REPLAN_HZ`` and at every
+sample, so each label is the plan being followed) and samples the front camera every ``sample_period_s``. A fraction
+of episodes is perturbed: at random times, for 0.5-1.5 s, the EXECUTED control gets a steering and/or acceleration
+offset while the label stays the expert's plan at the perturbed state, so the data shows recoveries (as in the data
+of TCP / LAV-style imitation). Deterministic per (scenario, seed): seeded numpy generators only.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wamdiff_ros import format as fmt
+from wamdiff_ros.control import FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
+from wamdiff_ros.world import questions
+from wamdiff_ros.world.camera import CameraConfig, FrontCamera, LabelledBox
+from wamdiff_ros.world.expert import Expert
+from wamdiff_ros.world.scenarios import ScenarioSet, ScenarioSpec
+from wamdiff_ros.world.sim import World
+from wamdiff_ros.world.types import Pose2D
+
+REPLAN_HZ = 5.0
+
+
+class DatasetError(ValueError):
+    """A bad generation setting; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseConfig:
+    """DAgger-lite perturbations of the executed control (ranges are uniform; signs are random)."""
+
+    fraction: float = 0.5  # of episodes
+    steer_rad: tuple[float, float] = (0.05, 0.15)
+    accel_mps2: tuple[float, float] = (1.0, 3.0)
+    duration_s: tuple[float, float] = (0.5, 1.5)
+    first_s: tuple[float, float] = (1.0, 3.0)  # start of the first perturbation
+    gap_s: tuple[float, float] = (2.0, 5.0)  # from the end of one to the start of the next
+    kinds: tuple[float, float, float] = (0.45, 0.25, 0.30)  # P(steer only), P(accel only), P(both)
+
+
+@dataclass(frozen=True, slots=True)
+class Perturbation:
+    start: float
+    end: float
+    steer_rad: float
+    accel_mps2: float
+
+    def active(self, t: float) -> bool:
+        return self.start <= t < self.end
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutConfig:
+    sample_period_s: float = 0.5
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
+    questions_per_frame: int = 2
+    max_seconds: float | None = None  # cut episodes (quick sets, tests)
+    max_samples: int | None = None
+    camera: CameraConfig = field(default_factory=CameraConfig)
+
+    def __post_init__(self) -> None:
+        checks = {"sample_period_s": self.sample_period_s > 0, "noise.fraction": 0 <= self.noise.fraction <= 1,
+                  "questions_per_frame": self.questions_per_frame >= 0,
+                  "max_seconds": self.max_seconds is None or self.max_seconds > 0,
+                  "max_samples": self.max_samples is None or self.max_samples >= 1}
+        for name, ok in checks.items():
+            if not ok:
+                raise DatasetError(f"{name}: out of range")
+
+
+@dataclass(slots=True)
+class Frame:
+    """One sampled instant: what the planner would get, the expert's label, and the privileged answers."""
+
+    scenario: str
+    seed: int
+    index: int
+    t: float
+    image: np.ndarray  # (H, W, 3) uint8
+    velocity: tuple[float, float]  # ego frame, as given to EgoState
+    acceleration: tuple[float, float]
+    command: fmt.Command
+    speed: float
+    waypoints: np.ndarray  # (8, 2) expert plan, ego frame
+    boxes: list[LabelledBox]
+    questions: list[tuple[str, str, str]]  # (key, question, answer)
+    perturbation: Perturbation | None  # active at this instant
+    expert_reason: str
+    infractions: int  # so far in the episode
+    executed: np.ndarray | None = None  # (8, 2) where the ego really was at the waypoint times (NaN past the end)
+
+
+@dataclass(slots=True)
+class Episode:
+    scenario: str
+    seed: int
+    perturbed: bool
+    perturbations: list[Perturbation]
+    frames: list[Frame]
+    end_reason: str
+    sim_s: float
+
+
+def _stream(spec: ScenarioSpec, seed: int, purpose: int) -> np.random.Generator:
+    return np.random.default_rng([int(seed), zlib.crc32(spec.name.encode()), purpose])
+
+
+def perturbation_schedule(spec: ScenarioSpec, seed: int, noise: NoiseConfig) -> tuple[bool, list[Perturbation]]:
+    """Whether the episode is perturbed, and its perturbations over the whole scenario duration (independent of any
+    cut, so a cut episode is a prefix of the full one)."""
+    rng = _stream(spec, seed, 1)
+    if not rng.uniform() < noise.fraction:
+        return False, []
+    out, t = [], float(rng.uniform(*noise.first_s))
+    while t < spec.duration_s:
+        end = t + float(rng.uniform(*noise.duration_s))
+        kind = int(rng.choice(3, p=noise.kinds))
+        steer = float(rng.choice((-1.0, 1.0)) * rng.uniform(*noise.steer_rad)) if kind in (0, 2) else 0.0
+        accel = float(rng.choice((-1.0, 1.0)) * rng.uniform(*noise.accel_mps2)) if kind in (1, 2) else 0.0
+        out.append(Perturbation(round(t, 3), round(end, 3), steer, accel))
+        t = end + float(rng.uniform(*noise.gap_s))
+    return True, out
+
+
+def sample_steps(period_s: float, dt: float, what: str) -> int:
+    n = round(period_s / dt)
+    if n < 1 or abs(n * dt - period_s) > 1e-6:
+        raise DatasetError(f"{what} {period_s} s must be a positive multiple of the sim step {dt} s")
+    return n
+
+
+def rollout(spec: ScenarioSpec, seed: int, config: RolloutConfig = RolloutConfig(),
+            scenarios: ScenarioSet | None = None) -> Episode:
+    """Drive one episode with the expert (plus the episode's perturbations) and sample it."""
+    world = World(spec, seed, scenarios)
+    expert, camera = Expert(world), FrontCamera(world.geometry, config.camera)
+    gains = FollowerGains.for_world("highway_env")
+    follower, actuator = WaypointFollower(gains), HighwayEnvActuator(gains)
+    perturbed, schedule = perturbation_schedule(spec, seed, config.noise)
+    ask_rng = _stream(spec, seed, 2)
+    sample_every = sample_steps(config.sample_period_s, world.dt, "the sample period")
+    replan_every = max(1, round(1.0 / (REPLAN_HZ * world.dt)))
+    frames, frame_steps, active, step = [], [], None, 0
+    while not world.done:
+        if config.max_seconds is not None and world.t >= config.max_seconds - 1e-9:
+            break
+        sample = step % sample_every == 0
+        if sample and config.max_samples is not None and len(frames) >= config.max_samples:
+            break
+        noise = next((p for p in schedule if p.active(world.t)), None)
+        if sample or step % replan_every == 0:
+            plan = expert.plan()
+            active = TrackedPlan(plan.waypoints, world.ego_pose, world.t)
+        if sample:
+            shot = camera.render(world.ego_pose, world.others())
+            frames.append(Frame(
+                spec.name, seed, len(frames), round(world.t, 3), shot.image, world.ego_velocity(),
+                world.ego_acceleration(), world.command, world.ego_speed, np.asarray(plan.waypoints), shot.boxes,
+                questions.ask(world, ask_rng, config.questions_per_frame), noise, plan.reason, len(world.events)))
+            frame_steps.append(step)
+        acceleration, steer = actuator(follower.step(active, world.ego_pose, world.ego_speed, world.t))
+        if noise is not None:
+            steer += noise.steer_rad
+            acceleration = max(acceleration + noise.accel_mps2, -world.ego_speed / world.dt)  # never reverse
+        world.step(acceleration, steer)
+        step += 1
+    _attach_executed(world, frames, frame_steps)
+    return Episode(spec.name, seed, perturbed, schedule, frames, world.end_reason or "cut", round(world.t, 3))
+
+
+def _attach_executed(world: World, frames: list[Frame], frame_steps: list[int]) -> None:
+    """The ego's real positions at each frame's waypoint times, in that frame's ego frame (from the world trace)."""
+    tr = world.trace
+    xy = np.stack([tr["x"], tr["y"]], axis=1)
+    per_wp = round(fmt.WAYPOINT_DT_S / world.dt)
+    for frame, n in zip(frames, frame_steps):
+        idx = n + per_wp * np.arange(1, fmt.NUM_WAYPOINTS + 1)
+        pose = Pose2D(tr["x"][n], tr["y"][n], tr["heading"][n])
+        out = np.full((fmt.NUM_WAYPOINTS, 2), np.nan)
+        ok = idx < len(xy)
+        out[ok] = pose.to_ego(xy[idx[ok]])
+        frame.executed = out

@@ -1,0 +1,203 @@
+"""``wamdiff-eval closed-loop``: the model and the baselines (expert, constant velocity) on the frozen scenarios, in
+parallel worker processes (one torch thread each), scored as Bench2Drive does; writes a JSON report, a markdown
+table, bird's-eye plots and front-camera videos."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from wamdiff_ros.world.closed_loop import (MODES, ConstantVelocityPlanner, EpisodeResult, ExpertPlanner, LoopConfig,
+                                           ModelPlanner, run_episode)
+from wamdiff_ros.world.metrics import score_episode
+from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE, ScenarioError, load_scenarios
+
+BASELINES = ("expert", "constant_velocity")
+DEFAULT_SEED = SPLIT_SEED_BASE["test"]  # held-out episodes: the dataset's training seeds never reach these
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    scenario: str
+    seed: int
+    planner: str  # "model" | "expert" | "constant_velocity"
+    mode: str
+
+
+_WORKER: dict = {}
+
+
+def _init_worker(model: str | None, decode: dict, scenario_file: str | None) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    _WORKER.update(model=model, decode=decode, scenarios=load_scenarios(scenario_file), planner=None)
+
+
+def _planner(name: str):
+    if name == "expert":
+        return ExpertPlanner()
+    if name == "constant_velocity":
+        return ConstantVelocityPlanner()
+    if _WORKER["planner"] is None:
+        from wamdiff_ros.planner import Planner
+
+        _WORKER["planner"] = ModelPlanner(Planner.from_pretrained(_WORKER["model"], **_WORKER["decode"]))
+    return _WORKER["planner"]
+
+
+def _run_job(job: Job, config: dict) -> tuple[Job, dict, int, float]:
+    spec = _WORKER["scenarios"].get(job.scenario)
+    result = run_episode(spec, job.seed, _planner(job.planner), LoopConfig(mode=job.mode, **config),
+                         _WORKER["scenarios"])
+    return job, result.log.to_json(), result.sim_steps, result.wall_s
+
+
+def _run_star(args: tuple) -> tuple[Job, dict, int, float]:
+    return _run_job(*args)
+
+
+def write_video(result: EpisodeResult, path: Path, camera, fps: float) -> Path:
+    """The episode's camera frames with each plan drawn (waypoints, boxes, a caption): MP4 through imageio-ffmpeg."""
+    import imageio_ffmpeg
+    import numpy as np
+
+    from wamdiff_ros.draw import draw_plan
+
+    frames = [np.asarray(draw_plan(img, wp, boxes, text=text, camera=camera.camera_model()))
+              for img, wp, boxes, text in result.frames]
+    h, w = frames[0].shape[:2]
+    h2, w2 = h + h % 2, w + w % 2  # yuv420p needs even sides
+    writer = imageio_ffmpeg.write_frames(str(path), (w2, h2), fps=fps, macro_block_size=1, quality=7)
+    writer.send(None)
+    for f in frames:
+        writer.send(np.ascontiguousarray(np.pad(f, ((0, h2 - h), (0, w2 - w), (0, 0)))))
+    writer.close()
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="wamdiff-eval", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("closed-loop", help="closed-loop driving score on the frozen CPU world")
+    p.add_argument("--model", default="tiny-random",
+                   help="checkpoint folder, tiny-random (default), or none for the baselines only")
+    p.add_argument("--scenarios", default="all", help="comma-separated names or all")
+    p.add_argument("--episodes", type=int, default=10, help="episodes per scenario (seeds S, S+1, ...)")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"first seed (default {DEFAULT_SEED}: held out)")
+    p.add_argument("--realtime", action="store_true", help="also run the real-time mode (both modes reported)")
+    p.add_argument("--modes", default=None, help="explicit modes, e.g. realtime or paused,realtime")
+    p.add_argument("--baselines", default=",".join(BASELINES), help="baselines to run beside the model, or none")
+    p.add_argument("--hardware-factor", type=float, default=1.0, help="real-time mode: latency multiplier")
+    p.add_argument("--plan-hz", type=float, default=5.0, help="plan requests per second (one in flight)")
+    p.add_argument("--threshold", type=float, default=None, help="decoder confidence threshold")
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    p.add_argument("--scenario-file", default=None, help="a scenario YAML instead of the frozen set")
+    p.add_argument("--out", default="out/eval", help="report folder")
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the JSON report here")
+    p.add_argument("--videos", type=int, default=1, help="front-camera videos of the first seed of the first N "
+                   "scenarios (the model, else the expert; paused mode)")
+    p.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    try:
+        scenario_set = load_scenarios(args.scenario_file)
+        specs = scenario_set.select(args.scenarios)
+    except (ScenarioError, OSError) as exc:
+        parser.error(str(exc))
+    modes = args.modes.split(",") if args.modes else ["paused", "realtime"] if args.realtime else ["paused"]
+    if set(modes) - set(MODES):
+        parser.error(f"--modes: expected some of {MODES}, got {args.modes!r}")
+    baselines = [] if args.baselines == "none" else args.baselines.split(",")
+    if set(baselines) - set(BASELINES):
+        parser.error(f"--baselines: expected some of {BASELINES} or none, got {args.baselines!r}")
+    model = None if args.model == "none" else args.model
+    if model is not None and model != "tiny-random" and not Path(model).is_dir():
+        parser.error(f"--model: {model!r} is not a checkpoint folder")
+    if args.episodes < 1:
+        parser.error("--episodes must be >= 1")
+    planners = (["model"] if model else []) + baselines
+    if not planners:
+        parser.error("nothing to run: give --model or --baselines")
+    decode = {k: v for k, v in (("threshold", args.threshold), ("block_size", args.block_size)) if v is not None}
+    config = {"plan_hz": args.plan_hz, "hardware_factor": args.hardware_factor}
+    jobs = [Job(s.name, args.seed + i, planner, mode) for i in range(args.episodes) for s in specs
+            for planner in planners for mode in modes]
+
+    start = time.perf_counter()
+    logs, steps, wall = [], {}, {}
+    init = (model, decode, args.scenario_file)
+    work = [(job, config) for job in jobs]
+    bar = tqdm(total=len(jobs), desc="episodes", unit="ep", disable=args.no_progress, file=sys.stderr)
+    if args.workers > 1:
+        with mp.get_context("spawn").Pool(args.workers, _init_worker, init) as pool:
+            for job, log, n, w in pool.imap_unordered(_run_star, work):
+                logs.append(log)
+                key = (job.planner, job.mode)
+                steps[key], wall[key] = steps.get(key, 0) + n, wall.get(key, 0.0) + w
+                bar.update()
+    else:
+        _init_worker(*init)
+        for item in work:
+            job, log, n, w = _run_star(item)
+            logs.append(log)
+            key = (job.planner, job.mode)
+            steps[key], wall[key] = steps.get(key, 0) + n, wall.get(key, 0.0) + w
+            bar.update()
+    bar.close()
+
+    from wamdiff_ros.world.metrics import EpisodeLog
+    from wamdiff_ros.world.report import write_report
+    from wamdiff_ros.world.sim import World
+
+    episode_logs = [EpisodeLog.from_json(d) for d in logs]
+    episode_logs.sort(key=lambda lg: (lg.planner, lg.mode, lg.scenario, lg.seed))
+    scores = [score_episode(lg) for lg in episode_logs]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    roads = {s.name: World(s, args.seed, scenario_set).geometry for s in specs}
+    paths = write_report(scores, episode_logs, out, roads=roads)
+    throughput = {f"{p}/{m}": {"sim_steps": steps[(p, m)], "wall_s": round(wall[(p, m)], 2),
+                               "sim_steps_per_s": round(steps[(p, m)] / max(wall[(p, m)], 1e-9), 1)}
+                  for p, m in steps}
+    report = json.loads(paths.json.read_text())
+    report["run"] = {"argv": sys.argv[1:] if argv is None else argv, "model": model, "scenario_set": scenario_set.source,
+                     "scenario_version": scenario_set.version, "modes": modes, "planners": planners,
+                     "episodes_per_scenario": args.episodes, "first_seed": args.seed, "workers": args.workers,
+                     "wall_s": round(time.perf_counter() - start, 1), "throughput": throughput, **config}
+    paths.json.write_text(json.dumps(report, indent=1))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    md = paths.markdown.read_text() + "\n## Throughput (sim steps/s, camera rendering + planning + world)\n\n" + \
+        "\n".join(f"- {k}: {v['sim_steps_per_s']} steps/s ({v['sim_steps']} steps in {v['wall_s']} s)"
+                  for k, v in sorted(throughput.items())) + "\n"
+    paths.markdown.write_text(md)
+    videos = []
+    if args.videos > 0:
+        _init_worker(*init)
+        who = "model" if model else "expert"
+        for spec in specs[: args.videos]:
+            cfg = LoopConfig(mode="paused", keep_frames=True, **config)
+            result = run_episode(spec, args.seed, _planner(who), cfg, scenario_set)
+            videos.append(write_video(result, out / f"video_{spec.name}_{who}_seed{args.seed}.mp4", cfg.camera,
+                                      fps=config["plan_hz"]))
+    print(md)
+    print(f"report: {paths.json}  {paths.markdown}  {' '.join(str(p) for p in paths.bev)}")
+    if videos:
+        print("videos: " + " ".join(str(v) for v in videos))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

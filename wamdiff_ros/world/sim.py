@@ -1,0 +1,447 @@
+"""The closed-loop world on highway-env: builds a frozen scenario's road, traffic and route, steps it at ``sim_hz``
+with the ego driven by (acceleration, steering angle), and keeps Leaderboard-style bookkeeping (route progress,
+collisions, route deviation, blocked, timeout).
+
+This is the only module that sees highway-env coordinates: its frame is a screen frame (y down); everything leaving
+here is mirrored into the right-handed world frame of ``wamdiff_ros.world.types`` (y -> -y, heading -> -heading,
+steering -> -steering). highway-env is used as a library: its road networks, kinematics and IDM/MOBIL traffic; the
+ego and the traffic are placed here from the scenario file with a seeded generator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from highway_env import utils as hw_utils
+from highway_env.envs.intersection_env import IntersectionEnv
+from highway_env.envs.merge_env import MergeEnv
+from highway_env.envs.roundabout_env import RoundaboutEnv
+from highway_env.road.lane import AbstractLane, LineType, StraightLane
+from highway_env.road.regulation import RegulatedRoad
+from highway_env.road.road import Road, RoadNetwork
+from highway_env.vehicle.behavior import IDMVehicle
+from highway_env.vehicle.kinematics import Vehicle
+from highway_env.vehicle.objects import Obstacle
+
+from wamdiff_ros import format as fmt
+from wamdiff_ros.world.metrics import Infraction, InfractionEvent
+from wamdiff_ros.world.scenarios import ScenarioSet, ScenarioSpec, load_scenarios
+from wamdiff_ros.world.types import LINE_DASHED, LINE_NONE, LINE_SOLID, LaneStrip, Pose2D, RoadGeometry, VehicleBox
+
+LaneIndex = tuple[str, str, int]
+STUCK_TRAFFIC_S = 5.0
+COLLISION_REPEAT_S = 5.0  # the same actor is not counted twice within this (Leaderboard's CollisionTest)
+MAX_STEER_RAD = math.pi / 4
+ON_LANE_MARGIN_M = 0.5  # the ego's centre may be this far outside a lane border and still count as on it
+_PALETTE = ((200, 40, 40), (40, 90, 200), (230, 200, 40), (230, 230, 230), (40, 160, 70), (120, 120, 130),
+            (160, 60, 170), (240, 130, 30))
+
+
+def _line_kind(t: int) -> str:
+    if t == LineType.STRIPED:
+        return LINE_DASHED
+    if t in (LineType.CONTINUOUS, LineType.CONTINUOUS_LINE):
+        return LINE_SOLID
+    return LINE_NONE
+
+
+def mirror(points: np.ndarray) -> np.ndarray:
+    """highway-env <-> world frame (its own inverse)."""
+    p = np.array(points, dtype=np.float64)
+    p[..., 1] *= -1.0
+    return p
+
+
+def _direction(delta_heading_world: float) -> str:
+    d = math.degrees((delta_heading_world + math.pi) % (2 * math.pi) - math.pi)
+    return "left" if d > 45 else "right" if d < -45 else "straight"
+
+
+@dataclass(slots=True)
+class Route:
+    """The ego's route as a sequence of road segments (from, to); progress is measured along lane 0 of each."""
+
+    segments: list[tuple[str, str]]
+    network: RoadNetwork
+    start_m: float = 0.0
+    target_m: float = 0.0
+    command: fmt.Command = fmt.Command.FOLLOW
+    command_from_m: float = math.inf  # the command is given between these two progress values
+    command_to_m: float = math.inf
+    offsets: list[float] = field(default_factory=list)
+    lanes: list[AbstractLane] = field(default_factory=list)
+
+    connectors: list[list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        total = 0.0
+        for a, b in self.segments:
+            self.offsets.append(total)
+            total += self.network.graph[a][b][0].length
+            self.lanes.extend(self.network.graph[a][b])
+        # highway-env's junction lanes do not always meet (a roundabout exit starts ~4 m beside the ring's end):
+        # the straight gap from each lane's end to the nearest lane start of the next segment counts as route
+        for (a, b), (c, d) in zip(self.segments, self.segments[1:]):
+            pairs = []
+            for lane in self.network.graph[a][b]:
+                end = lane.position(lane.length, 0.0)
+                start = min((n.position(0.0, 0.0) for n in self.network.graph[c][d]),
+                            key=lambda p: float(np.linalg.norm(p - end)))
+                if np.linalg.norm(start - end) > 0.5:
+                    pairs.append((end, start))
+            self.connectors.append(pairs)
+
+    def _on_connector(self, k: int, position: np.ndarray) -> bool:
+        for a, b in self.connectors[k] if k < len(self.connectors) else ():
+            ab = b - a
+            u = float(np.clip((position - a) @ ab / (ab @ ab), 0.0, 1.0))
+            if np.linalg.norm(position - (a + u * ab)) <= StraightLane.DEFAULT_WIDTH / 2:
+                return True
+        return False
+
+    def segment_progress(self, k: int, position: np.ndarray) -> tuple[float, float]:
+        """Progress (m) if ``position`` is on segment ``k``, and its distance to that segment's nearest lane (0 when
+        on one)."""
+        a, b = self.segments[k]
+        lanes = self.network.graph[a][b]
+        best = None
+        for lane in lanes:
+            s, r = lane.local_coordinates(position)
+            d = max(abs(r) - lane.width_at(s) / 2 - ON_LANE_MARGIN_M, 0.0) + max(s - lane.length, 0.0) + max(-s, 0.0)
+            if best is None or d < best[1]:
+                best = (s / max(lane.length, 1e-6) * lanes[0].length, d)
+        return self.offsets[k] + float(np.clip(best[0], 0.0, lanes[0].length)), best[1]
+
+    def locate(self, k: int, position: np.ndarray) -> tuple[int, float, float]:
+        """The segment among ``k``..``k + 2`` nearest to ``position`` (later wins ties), its progress and distance."""
+        best = None
+        for j in range(k, min(k + 3, len(self.segments))):
+            p, d = self.segment_progress(j, position)
+            if d > 0 and self._on_connector(j, position):
+                d = 0.0
+            if best is None or d <= best[2] + 1e-9:
+                best = (j, p, d)
+        return best
+
+    def distance(self, position: np.ndarray) -> float:
+        return min(lane.distance(position) for lane in self.lanes)
+
+
+class World:
+    """One episode of one frozen scenario. ``step(acceleration, steer)`` advances 1 / sim_hz seconds."""
+
+    def __init__(self, spec: ScenarioSpec, seed: int, scenarios: ScenarioSet | None = None) -> None:
+        self.spec, self.seed = spec, int(seed)
+        self.set = scenarios or load_scenarios()
+        self.dt = 1.0 / self.set.sim_hz
+        self.rng = np.random.default_rng([self.seed, ("highway", "merge", "roundabout", "intersection").index(spec.kind)])
+        env_cls = {"merge": MergeEnv, "roundabout": RoundaboutEnv, "intersection": IntersectionEnv}.get(spec.kind)
+        if env_cls is not None:  # only the env's road builder is used, not the gym env around it
+            env = env_cls.__new__(env_cls)
+            env.config, env.np_random = env_cls.default_config(), np.random.RandomState(self.seed)
+            env._make_road()
+            self.road: Road = env.road
+        else:
+            self.road = Road(network=RoadNetwork.straight_road_network(spec.lanes, speed_limit=30),
+                             np_random=np.random.RandomState(self.seed))
+        self.road.np_random = np.random.RandomState(self.seed)
+        self.t = 0.0
+        self._ids: dict[int, int] = {}
+        self._last_hit: dict[int, float] = {}
+        self._traffic_still: dict[int, float] = {}
+        self._next_spawn = 0.0
+        getattr(self, f"_build_{spec.kind}")()
+        self.ego.check_collisions = True
+        self.road.vehicles.insert(0, self.ego)
+        self.geometry = self._geometry()
+        self._k = 0
+        self.progress_m, self.on_route = self.route.start_m, True
+        self._max_progress = self.progress_m
+        self._still_s = self._wrong_s = 0.0
+        self._prev_velocity = self._velocity_world()
+        self.acceleration_world = np.zeros(2)
+        self.events: list[InfractionEvent] = []
+        self.end_reason = ""
+        self.trace: dict[str, list[float]] = {k: [] for k in ("t", "x", "y", "heading", "speed", "progress_m")}
+        self.trace_on_route: list[bool] = []
+        self._record()
+
+    # ------------------------------------------------------------------------------------------------ scenario set-up
+    def _idm(self, lane_index: LaneIndex, s: float, speed: float, destination: str | None = None) -> IDMVehicle:
+        v = IDMVehicle.make_on_lane(self.road, lane_index, longitudinal=s, speed=speed)
+        v.target_speed = speed
+        if destination is not None:
+            v.plan_route_to(destination)
+        v.randomize_behavior()
+        return v
+
+    def _place_traffic(self, candidates: list[tuple[LaneIndex, float]], count: int, min_gap: float, speeds,
+                       destinations: list[str] | None = None, keep_clear_m: float = 25.0) -> None:
+        placed: list[np.ndarray] = [self.ego.position]
+        for i in self.rng.permutation(len(candidates)):
+            if len(placed) > count:
+                break
+            lane_index, s = candidates[i]
+            p = self.road.network.get_lane(lane_index).position(s, 0.0)
+            gap = keep_clear_m if not placed else min(np.linalg.norm(p - q) for q in placed[1:] or [p + 1e3])
+            if np.linalg.norm(p - self.ego.position) < keep_clear_m or gap < min_gap:
+                continue
+            dest = str(self.rng.choice(destinations)) if destinations else None
+            self.road.vehicles.append(self._idm(lane_index, s, float(self.rng.uniform(*speeds)), dest))
+            placed.append(p)
+
+    def _build_highway(self) -> None:
+        spec, lane_w = self.spec, StraightLane.DEFAULT_WIDTH
+        x0 = 200.0
+        self.ego = Vehicle(self.road, np.array([x0, spec.ego_lane * lane_w]), 0.0, spec.ego_speed)
+        tr = spec.traffic
+        lead = x0 + float(self.rng.uniform(*tr["lead_gap_m"]))  # a slower car ahead in the ego's lane: overtake it
+        self.road.vehicles.append(self._idm(("0", "1", spec.ego_lane), lead, float(self.rng.uniform(*tr["lead_speed"]))))
+        cands = [(("0", "1", int(l)), float(s)) for l in range(spec.lanes) for s in np.arange(*tr["start_m"], 4.0)]
+        cands = [(i, x0 + s) for i, s in cands if abs(x0 + s - lead) > tr["min_gap_m"] or i[2] != spec.ego_lane]
+        self._place_traffic(cands, int(tr["vehicles"]), tr["min_gap_m"], tr["speed"])
+        self.route = Route([("0", "1")], self.road.network, start_m=x0, target_m=x0 + spec.target_distance_m)
+        self._view = (x0 - 150.0, x0 + spec.target_distance_m + 250.0)
+
+    def _build_merge(self) -> None:
+        spec, tr = self.spec, self.spec.traffic
+        ramp = self.road.network.get_lane(("j", "k", 0))
+        self.ego = Vehicle(self.road, ramp.position(spec.ego_start_m, 0.0), ramp.heading_at(spec.ego_start_m),
+                           spec.ego_speed)
+        cands = [(("a", "b", int(l)), float(s)) for l in (0, 1) for s in np.arange(*tr["start_m"], 4.0)]
+        self._place_traffic(cands, int(tr["vehicles"]), 22.0, tr["speed"], keep_clear_m=0.0)
+        self.route = Route([("j", "k"), ("k", "b"), ("b", "c"), ("c", "d")], self.road.network)
+        self.route.start_m = self.route.segment_progress(0, self.ego.position)[0]
+        self.route.target_m = min(self.route.start_m + spec.target_distance_m, self.route.offsets[-1] + 140.0)
+        self._view = (-math.inf, math.inf)
+
+    def _junction_route(self, start: LaneIndex, exits: dict[str, str], junction_node: str) -> None:
+        spec, net = self.spec, self.road.network
+        direction = str(self.rng.choice(list(spec.exits)))
+        exit_node = exits[direction]
+        path = net.shortest_path(start[0], exit_node)
+        segments = list(zip(path[:-1], path[1:]))
+        self.route = Route(segments, net, command=fmt.Command(direction))
+        lane = net.get_lane(start)
+        self.ego = Vehicle(self.road, lane.position(spec.ego_start_m, 0.0), lane.heading_at(spec.ego_start_m),
+                           spec.ego_speed)
+        self.route.start_m = self.route.segment_progress(0, self.ego.position)[0]
+        last = len(segments) - 1
+        self.route.target_m = self.route.offsets[last] + min(spec.exit_distance_m, net.graph[path[-2]][path[-1]][0].length)
+        junction = [i for i, (a, _) in enumerate(segments) if a == junction_node][0]
+        self.route.command_from_m = self.route.offsets[junction] - 60.0
+        self.route.command_to_m = self.route.offsets[last] + 10.0
+        self.exit_direction = direction
+        self._view = (-math.inf, math.inf)
+
+    def _exit_directions(self, entry: LaneIndex, candidates: list[tuple[str, str]]) -> dict[str, str]:
+        """Classify each exit (its first straight segment) as right / straight / left from the world headings."""
+        net = self.road.network
+        h_in = -net.get_lane(entry).heading_at(0.0)
+        out = {}
+        for a, b in candidates:
+            lane = net.get_lane((a, b, 0))
+            out.setdefault(_direction(-lane.heading_at(lane.length) - h_in), b)
+        return out
+
+    def _build_roundabout(self) -> None:
+        tr = self.spec.traffic
+        exits = self._exit_directions(("ser", "ses", 0), [("exs", "exr"), ("nxs", "nxr"), ("wxs", "wxr")])
+        self._junction_route(("ser", "ses", 0), exits, "se")
+        ring = [("se", "ex"), ("ex", "ee"), ("ee", "nx"), ("nx", "ne"), ("ne", "wx"), ("wx", "we"), ("we", "sx"),
+                ("sx", "se")]
+        cands = [((a, b, 1), float(s)) for a, b in ring for s in (4.0, 10.0)]
+        cands += [((a, b, 0), float(s)) for a, b in (("eer", "ees"), ("ner", "nes"), ("wer", "wes"))
+                  for s in (20.0, 45.0, 70.0)]
+        self._place_traffic(cands, int(tr["vehicles"]), 12.0, tr["speed"], ["exr", "sxr", "nxr", "wxr"], 22.0)
+        for v in self.road.vehicles:  # one-lane circulation: highway-env's ring lane changes cut across exits
+            v.enable_lane_change = False
+
+    def _build_intersection(self) -> None:
+        exits = self._exit_directions(("o0", "ir0", 0), [("il1", "o1"), ("il2", "o2"), ("il3", "o3")])
+        self._junction_route(("o0", "ir0", 0), exits, "ir0")
+        tr = self.spec.traffic
+        cands = [((f"o{c}", f"ir{c}", 0), float(s)) for c in (1, 2, 3) for s in np.arange(20.0, 95.0, 5.0)]
+        self._place_traffic(cands, int(tr["vehicles"]), 15.0, tr["speed"], ["o0", "o1", "o2", "o3"])
+        self._next_spawn = float(tr.get("spawn_period_s", 1.0))
+        ego, rule = self.ego, RegulatedRoad.respect_priorities
+        # the ego comes from the minor road and must give way itself: traffic never stops for it (a yielding IDM car
+        # that stops inside the box for the ego deadlocks both)
+        self.road.respect_priorities = lambda v1, v2: None if ego in (v1, v2) else rule(v1, v2)
+
+    def _spawn_intersection(self) -> None:
+        tr = self.spec.traffic
+        if self.rng.uniform() > float(tr.get("spawn_probability", 0.5)):
+            return
+        corner = int(self.rng.integers(1, 4))
+        lane = (f"o{corner}", f"ir{corner}", 0)
+        p = self.road.network.get_lane(lane).position(5.0, 0.0)
+        if any(np.linalg.norm(v.position - p) < 15.0 for v in self.road.vehicles):
+            return
+        dest = f"o{int(self.rng.choice([c for c in range(4) if c != corner]))}"
+        self.road.vehicles.append(self._idm(lane, 5.0, float(self.rng.uniform(*tr["speed"])), dest))
+
+    def _geometry(self) -> RoadGeometry:
+        strips = []
+        for lane in self.road.network.lanes_list():
+            lo, hi = 0.0, lane.length
+            if isinstance(lane, StraightLane) and lane.length > 2000:
+                lo, hi = max(lo, self._view[0]), min(hi, self._view[1])
+            step = 10.0 if isinstance(lane, StraightLane) else 1.5
+            s = np.append(np.arange(lo, hi, step), hi)
+            centre = mirror(np.array([lane.position(v, 0.0) for v in s]))
+            width = np.array([lane.width_at(v) for v in s])
+            strips.append(LaneStrip(centre, width, _line_kind(lane.line_types[0]), _line_kind(lane.line_types[1])))
+        return RoadGeometry(tuple(strips))
+
+    # -------------------------------------------------------------------------------------------------------- state
+    def _velocity_world(self) -> np.ndarray:
+        return mirror(self.ego.velocity)
+
+    @property
+    def ego_pose(self) -> Pose2D:
+        x, y = mirror(self.ego.position)
+        return Pose2D(float(x), float(y), float(-self.ego.heading))
+
+    @property
+    def ego_speed(self) -> float:
+        return float(self.ego.speed)
+
+    def ego_velocity(self) -> tuple[float, float]:
+        """Velocity in the ego frame (x forward, y left), m/s."""
+        c, s = math.cos(self.ego_pose.heading), math.sin(self.ego_pose.heading)
+        vx, vy = self._velocity_world()
+        return float(c * vx + s * vy), float(-s * vx + c * vy)
+
+    def ego_acceleration(self) -> tuple[float, float]:
+        c, s = math.cos(self.ego_pose.heading), math.sin(self.ego_pose.heading)
+        ax, ay = self.acceleration_world
+        return float(c * ax + s * ay), float(-s * ax + c * ay)
+
+    @property
+    def command(self) -> fmt.Command:
+        r = self.route
+        return r.command if r.command_from_m <= self.progress_m <= r.command_to_m else fmt.Command.FOLLOW
+
+    def _id(self, obj: object) -> int:
+        return self._ids.setdefault(id(obj), len(self._ids) + 1)
+
+    def others(self) -> list[VehicleBox]:
+        """Every other vehicle and static obstacle, in the world frame."""
+        out = []
+        for obj in [*self.road.vehicles[1:], *self.road.objects]:
+            i = self._id(obj)
+            (x, y), = mirror(obj.position[None])
+            static = isinstance(obj, Obstacle)
+            rgb = (150, 150, 150) if static else _PALETTE[i % len(_PALETTE)]
+            out.append(VehicleBox(i, Pose2D(float(x), float(y), float(-obj.heading)), float(obj.LENGTH),
+                                  float(obj.WIDTH), 1.0 if static else 1.5, float(obj.speed), rgb, static))
+        return out
+
+    @property
+    def route_length_m(self) -> float:
+        return self.route.target_m - self.route.start_m
+
+    @property
+    def done(self) -> bool:
+        return bool(self.end_reason)
+
+    # --------------------------------------------------------------------------------------------------------- step
+    def step(self, acceleration: float, steer: float) -> list[InfractionEvent]:
+        """Advance one sim step with the ego's (acceleration m/s^2, front-wheel angle rad, + left); returns the
+        infractions of this step."""
+        if self.done:
+            raise RuntimeError(f"episode already ended ({self.end_reason})")
+        self.ego.action = {"acceleration": float(acceleration),
+                           "steering": -float(np.clip(steer, -MAX_STEER_RAD, MAX_STEER_RAD))}
+        self.road.act()
+        self.ego.action = {"acceleration": float(acceleration),
+                           "steering": -float(np.clip(steer, -MAX_STEER_RAD, MAX_STEER_RAD))}
+        self.road.step(self.dt)
+        keep = [self.ego]
+        for v in self.road.vehicles[1:]:
+            v.speed = max(v.speed, 0.0)  # highway-env's IDM can brake into reverse; traffic never reverses
+            still = self._traffic_still.get(id(v), 0.0) + self.dt if v.speed < 0.1 else 0.0
+            self._traffic_still[id(v)] = still
+            if still < STUCK_TRAFFIC_S:  # IDM cars can deadlock in a junction; like CARLA's traffic manager,
+                keep.append(v)           # the world removes a car that has not moved for this long
+        self.road.vehicles = keep
+        self.t += self.dt
+        new = self._collisions()
+        if self.spec.kind == "intersection" and self.t >= self._next_spawn:
+            self._next_spawn += float(self.spec.traffic.get("spawn_period_s", 1.0))
+            self._spawn_intersection()
+            self._clear_left_traffic()
+        v = self._velocity_world()
+        self.acceleration_world = (v - self._prev_velocity) / self.dt
+        self._prev_velocity = v
+        self._update_route()
+        self.events.extend(new)
+        self._record()
+        return new
+
+    def _clear_left_traffic(self) -> None:
+        keep = [self.ego]
+        for v in self.road.vehicles[1:]:
+            a, b, _ = v.lane_index
+            leaving = a.startswith("il") and b.startswith("o") and v.lane.local_coordinates(v.position)[0] > 60.0
+            if not leaving:
+                keep.append(v)
+        self.road.vehicles = keep
+
+    def _collisions(self) -> list[InfractionEvent]:
+        ego, out = self.ego, []
+        if not ego.crashed:
+            return out
+        for other in [*self.road.vehicles[1:], *self.road.objects]:
+            if np.linalg.norm(other.position - ego.position) > (ego.diagonal + other.diagonal) / 2 + 0.5:
+                continue
+            if not hw_utils.are_polygons_intersecting(ego.polygon(), other.polygon(), np.zeros(2), np.zeros(2))[0] \
+                    and not other.crashed:
+                continue
+            i = self._id(other)
+            other.crashed = False
+            if self.t - self._last_hit.get(i, -math.inf) < COLLISION_REPEAT_S:
+                self._last_hit[i] = self.t
+                continue
+            self._last_hit[i] = self.t
+            static = isinstance(other, Obstacle)
+            rel = self.ego_pose.to_ego(mirror(other.position[None]))[0]
+            rear_ended = not static and rel[0] < -ego.LENGTH / 2 and other.speed > ego.speed + 0.5
+            x, y = mirror(ego.position)
+            out.append(InfractionEvent(Infraction.COLLISION_STATIC if static else Infraction.COLLISION_VEHICLE,
+                                       round(self.t, 3), i, not rear_ended, float(x), float(y),
+                                       "rear-ended" if rear_ended else ""))
+        ego.crashed = False  # the episode goes on after a collision, as in the Leaderboard
+        return out
+
+    def _update_route(self) -> None:
+        r, pos = self.route, self.ego.position
+        self._k, self.progress_m, distance = r.locate(self._k, pos)
+        self.on_route = distance <= 0.0
+        self._max_progress = max(self._max_progress, self.progress_m)
+        on_other = not self.on_route and any(
+            lane.on_lane(pos) for lane in self.road.network.lanes_list() if lane not in r.lanes)
+        self._wrong_s = self._wrong_s + self.dt if on_other else 0.0
+        self._still_s = self._still_s + self.dt if self.ego.speed < 0.1 else 0.0
+        x, y = mirror(pos)
+        if self.progress_m >= r.target_m:
+            self.end_reason = "completed"
+        elif self._wrong_s >= self.set.wrong_lane_s or r.distance(pos) > self.set.deviation_m:
+            self.end_reason = "route_deviation"
+            self.events.append(InfractionEvent(Infraction.ROUTE_DEVIATION, round(self.t, 3), None, True, float(x), float(y)))
+        elif self._still_s >= self.set.blocked_s:
+            self.end_reason = "blocked"
+            self.events.append(InfractionEvent(Infraction.AGENT_BLOCKED, round(self.t, 3), None, True, float(x), float(y)))
+        elif self.t >= self.spec.duration_s - 1e-9:
+            self.end_reason = "timeout"
+            self.events.append(InfractionEvent(Infraction.ROUTE_TIMEOUT, round(self.t, 3), None, True, float(x), float(y)))
+
+    def _record(self) -> None:
+        p = self.ego_pose
+        for k, v in (("t", self.t), ("x", p.x), ("y", p.y), ("heading", p.heading), ("speed", self.ego_speed),
+                     ("progress_m", self.progress_m - self.route.start_m)):
+            self.trace[k].append(float(v))
+        self.trace_on_route.append(bool(self.on_route))
