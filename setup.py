@@ -7,7 +7,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["wamdiff_ros", "wamdiff_ros.*"]),
-    package_data={"wamdiff_ros": ["assets/*.png", "assets/*.mcap"]},
+    package_data={"wamdiff_ros": ["assets/*.png", "assets/*.mcap", "control_gains.yaml", "world/scenarios_v*.yaml"]},
     install_requires=[
         "numpy>=1.26",
         "torch>=2.4",
@@ -16,6 +16,10 @@ setup(
         "safetensors>=0.5",
         "pillow>=10",
         "tqdm>=4.66",
+        "pyyaml>=6",
+        "highway-env>=1.12.1,<1.13",  # the world uses its road / vehicle classes directly
+        "matplotlib>=3.8",
+        "imageio-ffmpeg>=0.5",
     ],
     extras_require={"test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis"]},
     entry_points={
@@ -26,6 +30,8 @@ setup(
             "wamdiff-replay = wamdiff_ros.ros.bags:replay_main",
             "wamdiff-record = wamdiff_ros.ros.bags:record_main",
             "wamdiff-demo = wamdiff_ros.ros.demo:main",
+            "wamdiff-eval = wamdiff_ros.world.evaluate:main",
+            "wamdiff-data = wamdiff_ros.world.dataset:main",
         ]
     },
 )

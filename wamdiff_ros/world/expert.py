@@ -29,6 +29,8 @@ CURVE_DECEL = 2.0
 SMOOTH_M = 5.0
 RING_NODES = frozenset(("se", "ex", "ee", "nx", "ne", "wx", "we", "sx"))
 EGO_HALF_LENGTH = 2.5
+GIVE_WAY_SPEED = 4.0  # m/s at a give-way line, reached braking at most GIVE_WAY_DECEL
+GIVE_WAY_DECEL = 1.0
 STOP_MARGIN_M = 2.0  # the follower lags a stop profile by about a metre
 
 
@@ -155,9 +157,9 @@ class Expert:
             lane_index = getattr(v, "target_lane_index", None) or v.lane_index  # anticipates MOBIL cut-ins
             s, lat = net.get_lane(lane_index).local_coordinates(v.position)
             route = [lane_index, *[(*r[:2], None) for r in v.route if r[:2] != lane_index[:2]]]
-            pos = np.array([_along_route(net, route, s + v.speed * t, lat * math.exp(-t)) for t in HORIZON])
             rel = v.position - ego.position
             behind = rel @ fwd < -2.0 and v.lane_index == ego.lane_index
+            pos = np.array([_along_route(net, route, s + v.speed * t, lat * math.exp(-t)) for t in HORIZON])
             out.append((pos, float(v.speed), behind))
         return out
 
@@ -202,6 +204,9 @@ class Expert:
         for rank, lane_id in enumerate(self._candidate_lanes()):
             path, lat0 = self._path(lane_id)
             limits = self._speed_limits(path, self.w.spec.desired_speed)
+            if self.w.spec.kind == "intersection" and 0 < self.junction[0] < math.inf:  # approach the give-way line
+                d = self.junction[0] - np.arange(len(limits)) * PATH_STEP_M  # slowly enough to stop at it gently
+                limits = np.minimum(limits, np.sqrt(GIVE_WAY_SPEED ** 2 + 2 * GIVE_WAY_DECEL * np.maximum(d, 0.0)))
             lane_change = abs(lat0) > 1.5 and self.w.spec.kind in ("highway", "merge")  # junctions: rejoin
             chosen = None
             accels = list(ACCELS)

@@ -267,9 +267,15 @@ class World:
         self._place_traffic(cands, int(tr["vehicles"]), 15.0, tr["speed"], ["o0", "o1", "o2", "o3"])
         self._next_spawn = float(tr.get("spawn_period_s", 1.0))
         ego, rule = self.ego, RegulatedRoad.respect_priorities
-        # the ego comes from the minor road and must give way itself: traffic never stops for it (a yielding IDM car
-        # that stops inside the box for the ego deadlocks both)
-        self.road.respect_priorities = lambda v1, v2: None if ego in (v1, v2) else rule(v1, v2)
+
+        def priorities(v1, v2):
+            """The ego comes from the minor road and gives way itself: traffic yields to it only once it is in the
+            box (an IDM car that stops in the box for an ego still waiting at its line deadlocks both)."""
+            if ego not in (v1, v2):
+                return rule(v1, v2)
+            return (v2 if v1 is ego else v1) if ego.lane_index[0].startswith("ir") else None
+
+        self.road.respect_priorities = priorities
 
     def _spawn_intersection(self) -> None:
         tr = self.spec.traffic
