@@ -381,7 +381,7 @@ def _carla_values() -> dict:
 def test_unknown_gain_key_is_named() -> None:
     with pytest.raises(GainsError, match="lateral_kq") as err:
         FollowerGains.from_dict({**_carla_values(), "lateral_kq": 1.0}, name="carla")
-    assert err.value.key == "carla.lateral_kq"
+    assert err.value.field == "carla.lateral_kq"
 
 
 def test_missing_gain_key_is_named() -> None:

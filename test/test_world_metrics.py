@@ -9,22 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from wamdiff_ros.world.comfort import comfort, comfort_signals, savgol
 from wamdiff_ros.world.metrics import (
     PENALTY,
     EpisodeLog,
     EpisodeScore,
     Infraction,
     InfractionEvent,
-    bootstrap_ci,
-    comfort,
-    comfort_signals,
     infraction_penalty,
-    paired_difference_ci,
     route_completion,
-    savgol,
     score_episode,
-    summarize,
 )
+from wamdiff_ros.world.summary import bootstrap_ci, paired_difference_ci, summarize
 from wamdiff_ros.world.report import markdown_table, plot_bev, write_report
 from wamdiff_ros.world.types import LaneStrip, RoadGeometry
 

@@ -9,17 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from wamdiff_ros.errors import WamDiffError
+from wamdiff_ros.errors import GainsError
 
 GAINS_PATH = Path(__file__).resolve().parents[1] / "control_gains.yaml"
-
-
-class GainsError(WamDiffError, ValueError):
-    """A gains table names an unknown world or key, lacks a key, or holds a value of the wrong type or range."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from wamdiff_ros.draw import CameraModel
-from wamdiff_ros.errors import WamDiffError
+from wamdiff_ros.errors import CameraConfigError
 from wamdiff_ros.format import BOX_GRID, Box
 from wamdiff_ros.world.road_mesh import PolygonLayer, road_layers
 from wamdiff_ros.world.types import Pose2D, RoadGeometry, VehicleBox
@@ -49,14 +49,6 @@ _FACES = (
     ("right", (0, 4, 5, 1), 1, (((20, 21, 22, 23), GLASS_RGB),)),
     ("top", (1, 5, 7, 3), 0, ()),
 )
-
-
-class CameraConfigError(WamDiffError, ValueError):
-    """A camera setting is out of range; ``field`` names it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,11 +128,14 @@ class Expert:
     def _profile(self, accel: float, limits: np.ndarray, times: np.ndarray) -> np.ndarray:
         """Arc length along the path at ``times`` for a constant-acceleration profile capped by the limits."""
         dt = 0.05
-        v, s, out, t, j = self.w.ego.speed, 0.0, [], 0.0, 0
-        for j_t in times:
-            while t < j_t - 1e-9:
+        v, s, out, t = self.w.ego.speed, 0.0, [], 0.0
+        for until in times:
+            while t < until - 1e-9:
                 cap = limits[min(int(s / PATH_STEP_M), len(limits) - 1)]
-                a = accel if accel <= 0 else min(accel, (cap - v) / dt) if v < cap else min(0.0, (cap - v) / 1.0)
+                if accel <= 0:
+                    a = accel
+                else:  # accelerate up to the limit; above it, come down to it within a second
+                    a = min(accel, (cap - v) / dt) if v < cap else (cap - v) / 1.0
                 v = max(0.0, v + a * dt)
                 s += v * dt
                 t += dt

@@ -6,7 +6,8 @@
 - Comfort: Bench2Drive's "Driving Smoothness" built on nuPlan's ``ego_is_comfortable`` bounds.
 
 Everything the simulator records goes into one :class:`EpisodeLog`; :func:`score_episode` turns it into an
-:class:`EpisodeScore`, and :func:`summarize` aggregates scores per (planner, mode) with bootstrap confidence intervals.
+:class:`EpisodeScore` (comfort: ``wamdiff_ros.world.comfort``); ``wamdiff_ros.world.summary`` aggregates scores per
+(planner, mode) with bootstrap confidence intervals.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from __future__ import annotations
 import enum
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
+
+from wamdiff_ros.world.comfort import comfort
 
 # ---------------------------------------------------------------------------------------------------------------
 # infractions
@@ -191,107 +194,6 @@ def infraction_penalty(events: Iterable[InfractionEvent]) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# comfort (nuPlan ego_is_comfortable bounds, Bench2Drive "Driving Smoothness" segmentation)
-
-MAX_ABS_MAG_JERK = 8.37  # m/s^3
-MAX_ABS_LAT_ACCEL = 4.89  # m/s^2
-MIN_LON_ACCEL, MAX_LON_ACCEL = -4.05, 2.40  # m/s^2
-MAX_ABS_YAW_ACCEL = 1.93  # rad/s^2
-MAX_ABS_LON_JERK = 4.13  # m/s^3
-MAX_ABS_YAW_RATE = 0.95  # rad/s
-
-COMFORT_DT = 0.1  # nuPlan and Bench2Drive evaluate at 10 Hz
-SAVGOL_WINDOW = 8  # samples at COMFORT_DT (nuPlan)
-SAVGOL_ORDER = 2
-COMFORT_SEGMENT = 20  # samples at COMFORT_DT: Bench2Drive's 2 s segments
-
-
-@dataclass(frozen=True, slots=True)
-class ComfortSignals:
-    """The six nuPlan comfort signals on the uniform :data:`COMFORT_DT` grid ``t``."""
-
-    t: np.ndarray
-    lon_accel: np.ndarray
-    lat_accel: np.ndarray
-    jerk: np.ndarray  # derivative of the acceleration magnitude, as nuPlan's ego_jerk
-    lon_jerk: np.ndarray
-    yaw_rate: np.ndarray
-    yaw_accel: np.ndarray
-
-    def within_bounds(self) -> np.ndarray:
-        """Per sample: all six signals strictly within nuPlan's bounds."""
-        return ((self.lon_accel > MIN_LON_ACCEL) & (self.lon_accel < MAX_LON_ACCEL)
-                & (np.abs(self.lat_accel) < MAX_ABS_LAT_ACCEL) & (np.abs(self.jerk) < MAX_ABS_MAG_JERK)
-                & (np.abs(self.lon_jerk) < MAX_ABS_LON_JERK) & (np.abs(self.yaw_rate) < MAX_ABS_YAW_RATE)
-                & (np.abs(self.yaw_accel) < MAX_ABS_YAW_ACCEL))
-
-
-def savgol(y: np.ndarray, window: int, order: int, dt: float, deriv: int = 0) -> np.ndarray:
-    """Savitzky-Golay smoothing / derivative of a uniformly sampled signal, like ``scipy.signal.savgol_filter`` with
-    ``mode="interp"``: a least-squares polynomial over each window, evaluated at the sample itself (an even window
-    spans ``window // 2`` samples before it; scipy would evaluate it half a sample off), with the first/last window's
-    fit evaluated at the edges."""
-    y = np.asarray(y, dtype=np.float64)
-    n = len(y)
-    window = min(window, n)
-    if order >= window:
-        raise ValueError(f"polynomial order {order} needs more than {window} samples")
-    # One least-squares operator per position k of the evaluated sample inside its window.
-    powers = np.arange(order + 1)
-    scale = math.factorial(deriv) / dt**deriv
-    operators = np.empty((window, window))
-    for k in range(window):
-        vandermonde = (np.arange(window, dtype=np.float64) - k)[:, None] ** powers
-        operators[k] = np.linalg.pinv(vandermonde)[deriv] * scale if deriv <= order else 0.0
-    idx = np.arange(n)
-    start = np.clip(idx - window // 2, 0, n - window)
-    windows = np.lib.stride_tricks.sliding_window_view(y, window)[start]
-    return np.einsum("nw,nw->n", operators[idx - start], windows)
-
-
-def comfort_signals(log: EpisodeLog) -> ComfortSignals:
-    """nuPlan's comfort signals from the logged pose/speed trace, resampled to 10 Hz so the 8-sample smoothing
-    window keeps nuPlan's 0.8 s span whatever the sim step. Each derivative is a Savitzky-Golay derivative of the
-    previous smoothed signal; lateral acceleration is speed x yaw rate (rear-axle kinematics, as nuPlan's
-    kinematic bicycle model)."""
-    t = log.t
-    if len(t) < 2 or t[-1] <= t[0]:
-        empty = np.zeros(len(t))
-        return ComfortSignals(t, empty, empty, empty, empty, empty, empty)
-    grid = t[0] + COMFORT_DT * np.arange(int(math.floor((t[-1] - t[0]) / COMFORT_DT + 1e-9)) + 1)
-    heading = np.interp(grid, t, np.unwrap(log.heading))
-    speed = np.interp(grid, t, log.speed)
-    if len(grid) <= SAVGOL_ORDER:
-        empty = np.zeros(len(grid))
-        return ComfortSignals(grid, empty, empty, empty, empty, empty, empty)
-
-    def d(signal: np.ndarray) -> np.ndarray:
-        return savgol(signal, SAVGOL_WINDOW, SAVGOL_ORDER, COMFORT_DT, deriv=1)
-
-    yaw_rate = d(heading)
-    lon_accel = d(speed)
-    lat_accel = savgol(speed, SAVGOL_WINDOW, SAVGOL_ORDER, COMFORT_DT) * yaw_rate
-    return ComfortSignals(
-        t=grid, lon_accel=lon_accel, lat_accel=lat_accel, jerk=d(np.hypot(lon_accel, lat_accel)),
-        lon_jerk=d(lon_accel), yaw_rate=yaw_rate, yaw_accel=d(yaw_rate))
-
-
-def comfort(log: EpisodeLog) -> float:
-    """Bench2Drive "Driving Smoothness" in percent: the share of consecutive 2 s segments (20 samples at 10 Hz; a
-    trailing partial segment is dropped, an episode of at most one segment is judged whole) in which all six nuPlan
-    ``ego_is_comfortable`` signals stay within bounds. Unlike Bench2Drive, which filters each segment on its own,
-    the signals are smoothed over the whole episode so segment edges add no filter artefacts. Traces too short to
-    differentiate (< 3 samples at 10 Hz) score 100."""
-    ok = comfort_signals(log).within_bounds()
-    if len(ok) <= SAVGOL_ORDER:
-        return 100.0
-    if len(ok) <= COMFORT_SEGMENT:
-        return 100.0 * float(ok.all())
-    segments = ok[: len(ok) // COMFORT_SEGMENT * COMFORT_SEGMENT].reshape(-1, COMFORT_SEGMENT)
-    return 100.0 * float(segments.all(axis=1).mean())
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # episode score
 
 
@@ -357,114 +259,3 @@ def score_episode(log: EpisodeLog) -> EpisodeScore:
         end_reason=log.end_reason,
         duration_s=float(log.t[-1] - log.t[0]) if log.steps else 0.0,
         infractions=dict(counts), forward_calls_per_token=log.forward_calls_per_token)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# statistics
-
-
-def bootstrap_ci(values: Sequence[float] | np.ndarray, level: float = 0.9, n: int = 2000,
-                 seed: int = 0) -> tuple[float, float, float]:
-    """(mean, lo, hi): percentile bootstrap of the mean at confidence ``level``; NaNs for no values."""
-    v = np.asarray(values, dtype=np.float64).reshape(-1)
-    if v.size == 0:
-        return math.nan, math.nan, math.nan
-    means = v[np.random.default_rng(seed).integers(0, v.size, size=(n, v.size))].mean(axis=1)
-    alpha = (1.0 - level) / 2.0
-    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
-    mean = float(v.mean())
-    # Clamp so a degenerate resample distribution never reports an interval that excludes the point estimate.
-    return mean, float(min(lo, mean)), float(max(hi, mean))
-
-
-def paired_difference_ci(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, level: float = 0.9,
-                         n: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """(mean of a - b, lo, hi) over matched episodes (same scenario and seed, same order): bootstrap of the paired
-    differences, which removes the between-scenario variance both planners share."""
-    a_, b_ = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a_.shape != b_.shape:
-        raise ValueError(f"paired samples differ in shape: {a_.shape} vs {b_.shape}")
-    return bootstrap_ci(a_ - b_, level=level, n=n, seed=seed)
-
-
-def _mean(values: Iterable[float | None]) -> float | None:
-    v = [x for x in values if x is not None]
-    return float(np.mean(v)) if v else None
-
-
-def _median(values: Iterable[float | None]) -> float | None:
-    v = [x for x in values if x is not None]
-    return float(np.median(v)) if v else None
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else 1000.0 * seconds
-
-
-def _totals(group: list[EpisodeScore], level: float, n: int, seed: int) -> dict[str, Any]:
-    ds, ds_lo, ds_hi = bootstrap_ci([s.driving_score for s in group], level=level, n=n, seed=seed)
-    count = len(group)
-    return {
-        "episodes": count,
-        "ds": ds, "ds_lo": ds_lo, "ds_hi": ds_hi,
-        "sr": 100.0 * sum(s.success for s in group) / count,
-        "rc": float(np.mean([s.route_completion for s in group])),
-        "penalty": float(np.mean([s.infraction_penalty for s in group])),
-        "collisions_per_ep": sum(s.collisions for s in group) / count,
-        "at_fault_per_ep": sum(s.at_fault_collisions for s in group) / count,
-        "rear_ended_per_ep": sum(s.rear_ended for s in group) / count,
-        "offlane_m": float(np.mean([s.offlane_m for s in group])),
-        "comfort": float(np.mean([s.comfort for s in group])),
-        # Episodes keep only their own latency statistics: report their mean / median across episodes.
-        "latency_mean_ms": _ms(_mean(s.plan_latency_mean_s for s in group)),
-        "latency_p50_ms": _ms(_median(s.plan_latency_p50_s for s in group)),
-        "latency_p90_ms": _ms(_median(s.plan_latency_p90_s for s in group)),
-        "forward_calls_per_token": _mean(s.forward_calls_per_token for s in group),
-        "end_reasons": dict(sorted(_count(s.end_reason for s in group).items())),
-    }
-
-
-def _count(items: Iterable[str]) -> dict[str, int]:
-    out: dict[str, int] = defaultdict(int)
-    for item in items:
-        out[item] += 1
-    return dict(out)
-
-
-def summarize(scores: Sequence[EpisodeScore], level: float = 0.9, n: int = 2000, seed: int = 0) -> dict[str, Any]:
-    """Bench2Drive-style totals, JSON-ready.
-
-    ``groups``: per (planner, mode) -- episodes, DS mean with its bootstrap CI, SR %, RC, penalty, collisions /
-    at-fault / rear-ended per episode, comfort, latency (ms) and ``per_scenario_ds``. ``per_scenario``: the same
-    totals per (scenario, planner, mode). ``paired``: for every two planners in one mode, the DS difference over the
-    episodes both ran (matched by scenario and seed) with its paired bootstrap CI."""
-    by_group: dict[tuple[str, str], list[EpisodeScore]] = defaultdict(list)
-    by_scenario: dict[tuple[str, str, str], list[EpisodeScore]] = defaultdict(list)
-    for s in scores:
-        by_group[(s.planner, s.mode)].append(s)
-        by_scenario[(s.scenario, s.planner, s.mode)].append(s)
-    groups = []
-    for (planner, mode), group in sorted(by_group.items()):
-        per_scenario: dict[str, list[float]] = defaultdict(list)
-        for s in group:
-            per_scenario[s.scenario].append(s.driving_score)
-        groups.append({"planner": planner, "mode": mode, **_totals(group, level, n, seed),
-                       "per_scenario_ds": {k: float(np.mean(v)) for k, v in sorted(per_scenario.items())}})
-    scenarios = [{"scenario": scenario, "planner": planner, "mode": mode, **_totals(group, level, n, seed)}
-                 for (scenario, planner, mode), group in sorted(by_scenario.items())]
-    paired = []
-    modes = sorted({mode for _, mode in by_group})
-    for mode in modes:
-        planners = sorted(p for p, m in by_group if m == mode)
-        for i, a in enumerate(planners):
-            for b in planners[i + 1:]:
-                ds_a = {(s.scenario, s.seed): s.driving_score for s in by_group[(a, mode)]}
-                ds_b = {(s.scenario, s.seed): s.driving_score for s in by_group[(b, mode)]}
-                keys = sorted(ds_a.keys() & ds_b.keys())
-                if not keys:
-                    continue
-                diff, lo, hi = paired_difference_ci([ds_a[k] for k in keys], [ds_b[k] for k in keys],
-                                                    level=level, n=n, seed=seed)
-                paired.append({"mode": mode, "a": a, "b": b, "episodes": len(keys),
-                               "ds_diff": diff, "ds_diff_lo": lo, "ds_diff_hi": hi})
-    return {"level": level, "groups": groups, "per_scenario": scenarios, "paired": paired}

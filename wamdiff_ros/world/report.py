@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from wamdiff_ros.world.metrics import COLLISIONS, EpisodeLog, EpisodeScore, summarize
+from wamdiff_ros.world.metrics import COLLISIONS, EpisodeLog, EpisodeScore
+from wamdiff_ros.world.summary import summarize
 from wamdiff_ros.world.types import RoadGeometry
 
 
@@ -33,7 +34,7 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def markdown_table(summary: Mapping[str, Any]) -> str:
-    """Markdown for a :func:`~wamdiff_ros.world.metrics.summarize` result: one row per planner x mode (Bench2Drive
+    """Markdown for a :func:`~wamdiff_ros.world.summary.summarize` result: one row per planner x mode (Bench2Drive
     columns: DS with its bootstrap CI, SR, RC, penalty; then collisions, comfort and plan latency), a per-scenario DS
     table, and the paired DS differences when two planners ran the same episodes."""
     level = round(100 * summary.get("level", 0.9))

@@ -11,14 +11,13 @@ ego and the traffic are placed here from the scenario file with a seeded generat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 from highway_env import utils as hw_utils
 from highway_env.envs.intersection_env import IntersectionEnv
 from highway_env.envs.merge_env import MergeEnv
 from highway_env.envs.roundabout_env import RoundaboutEnv
-from highway_env.road.lane import AbstractLane, LineType, StraightLane
+from highway_env.road.lane import LineType, StraightLane
 from highway_env.road.regulation import RegulatedRoad
 from highway_env.road.road import Road, RoadNetwork
 from highway_env.vehicle.behavior import IDMVehicle
@@ -27,6 +26,7 @@ from highway_env.vehicle.objects import Obstacle
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.world.metrics import Infraction, InfractionEvent
+from wamdiff_ros.world.route import Route
 from wamdiff_ros.world.scenarios import ScenarioSet, ScenarioSpec, load_scenarios
 from wamdiff_ros.world.types import LINE_DASHED, LINE_NONE, LINE_SOLID, LaneStrip, Pose2D, RoadGeometry, VehicleBox
 
@@ -34,7 +34,6 @@ LaneIndex = tuple[str, str, int]
 STUCK_TRAFFIC_S = 5.0
 COLLISION_REPEAT_S = 5.0  # the same actor is not counted twice within this (Leaderboard's CollisionTest)
 MAX_STEER_RAD = math.pi / 4
-ON_LANE_MARGIN_M = 0.5  # the ego's centre may be this far outside a lane border and still count as on it
 _PALETTE = ((200, 40, 40), (40, 90, 200), (230, 200, 40), (230, 230, 230), (40, 160, 70), (120, 120, 130),
             (160, 60, 170), (240, 130, 30))
 
@@ -57,76 +56,6 @@ def mirror(points: np.ndarray) -> np.ndarray:
 def _direction(delta_heading_world: float) -> str:
     d = math.degrees((delta_heading_world + math.pi) % (2 * math.pi) - math.pi)
     return "left" if d > 45 else "right" if d < -45 else "straight"
-
-
-@dataclass(slots=True)
-class Route:
-    """The ego's route as a sequence of road segments (from, to); progress is measured along lane 0 of each."""
-
-    segments: list[tuple[str, str]]
-    network: RoadNetwork
-    start_m: float = 0.0
-    target_m: float = 0.0
-    command: fmt.Command = fmt.Command.FOLLOW
-    command_from_m: float = math.inf  # the command is given between these two progress values
-    command_to_m: float = math.inf
-    offsets: list[float] = field(default_factory=list)
-    lanes: list[AbstractLane] = field(default_factory=list)
-
-    connectors: list[list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        total = 0.0
-        for a, b in self.segments:
-            self.offsets.append(total)
-            total += self.network.graph[a][b][0].length
-            self.lanes.extend(self.network.graph[a][b])
-        # highway-env's junction lanes do not always meet (a roundabout exit starts ~4 m beside the ring's end):
-        # the straight gap from each lane's end to the nearest lane start of the next segment counts as route
-        for (a, b), (c, d) in zip(self.segments, self.segments[1:]):
-            pairs = []
-            for lane in self.network.graph[a][b]:
-                end = lane.position(lane.length, 0.0)
-                start = min((n.position(0.0, 0.0) for n in self.network.graph[c][d]),
-                            key=lambda p: float(np.linalg.norm(p - end)))
-                if np.linalg.norm(start - end) > 0.5:
-                    pairs.append((end, start))
-            self.connectors.append(pairs)
-
-    def _on_connector(self, k: int, position: np.ndarray) -> bool:
-        for a, b in self.connectors[k] if k < len(self.connectors) else ():
-            ab = b - a
-            u = float(np.clip((position - a) @ ab / (ab @ ab), 0.0, 1.0))
-            if np.linalg.norm(position - (a + u * ab)) <= StraightLane.DEFAULT_WIDTH / 2:
-                return True
-        return False
-
-    def segment_progress(self, k: int, position: np.ndarray) -> tuple[float, float]:
-        """Progress (m) if ``position`` is on segment ``k``, and its distance to that segment's nearest lane (0 when
-        on one)."""
-        a, b = self.segments[k]
-        lanes = self.network.graph[a][b]
-        best = None
-        for lane in lanes:
-            s, r = lane.local_coordinates(position)
-            d = max(abs(r) - lane.width_at(s) / 2 - ON_LANE_MARGIN_M, 0.0) + max(s - lane.length, 0.0) + max(-s, 0.0)
-            if best is None or d < best[1]:
-                best = (s / max(lane.length, 1e-6) * lanes[0].length, d)
-        return self.offsets[k] + float(np.clip(best[0], 0.0, lanes[0].length)), best[1]
-
-    def locate(self, k: int, position: np.ndarray) -> tuple[int, float, float]:
-        """The segment among ``k``..``k + 2`` nearest to ``position`` (later wins ties), its progress and distance."""
-        best = None
-        for j in range(k, min(k + 3, len(self.segments))):
-            p, d = self.segment_progress(j, position)
-            if d > 0 and self._on_connector(j, position):
-                d = 0.0
-            if best is None or d <= best[2] + 1e-9:
-                best = (j, p, d)
-        return best
-
-    def distance(self, position: np.ndarray) -> float:
-        return min(lane.distance(position) for lane in self.lanes)
 
 
 class World:

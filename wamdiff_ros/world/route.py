@@ -1,0 +1,84 @@
+"""The ego's route through a highway-env road network: progress along it, and whether a position is on its lanes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from highway_env.road.lane import AbstractLane, StraightLane
+from highway_env.road.road import RoadNetwork
+
+from wamdiff_ros import format as fmt
+
+ON_LANE_MARGIN_M = 0.5  # the ego's centre may be this far outside a lane border and still count as on it
+
+
+@dataclass(slots=True)
+class Route:
+    """The ego's route as a sequence of road segments (from, to); progress is measured along lane 0 of each."""
+
+    segments: list[tuple[str, str]]
+    network: RoadNetwork
+    start_m: float = 0.0
+    target_m: float = 0.0
+    command: fmt.Command = fmt.Command.FOLLOW
+    command_from_m: float = math.inf  # the command is given between these two progress values
+    command_to_m: float = math.inf
+    offsets: list[float] = field(default_factory=list)
+    lanes: list[AbstractLane] = field(default_factory=list)
+
+    connectors: list[list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        total = 0.0
+        for a, b in self.segments:
+            self.offsets.append(total)
+            total += self.network.graph[a][b][0].length
+            self.lanes.extend(self.network.graph[a][b])
+        # highway-env's junction lanes do not always meet (a roundabout exit starts ~4 m beside the ring's end):
+        # the straight gap from each lane's end to the nearest lane start of the next segment counts as route
+        for (a, b), (c, d) in zip(self.segments, self.segments[1:]):
+            pairs = []
+            for lane in self.network.graph[a][b]:
+                end = lane.position(lane.length, 0.0)
+                start = min((n.position(0.0, 0.0) for n in self.network.graph[c][d]),
+                            key=lambda p: float(np.linalg.norm(p - end)))
+                if np.linalg.norm(start - end) > 0.5:
+                    pairs.append((end, start))
+            self.connectors.append(pairs)
+
+    def _on_connector(self, k: int, position: np.ndarray) -> bool:
+        for a, b in self.connectors[k] if k < len(self.connectors) else ():
+            ab = b - a
+            u = float(np.clip((position - a) @ ab / (ab @ ab), 0.0, 1.0))
+            if np.linalg.norm(position - (a + u * ab)) <= StraightLane.DEFAULT_WIDTH / 2:
+                return True
+        return False
+
+    def segment_progress(self, k: int, position: np.ndarray) -> tuple[float, float]:
+        """Progress (m) if ``position`` is on segment ``k``, and its distance to that segment's nearest lane (0 when
+        on one)."""
+        a, b = self.segments[k]
+        lanes = self.network.graph[a][b]
+        best = None
+        for lane in lanes:
+            s, r = lane.local_coordinates(position)
+            d = max(abs(r) - lane.width_at(s) / 2 - ON_LANE_MARGIN_M, 0.0) + max(s - lane.length, 0.0) + max(-s, 0.0)
+            if best is None or d < best[1]:
+                best = (s / max(lane.length, 1e-6) * lanes[0].length, d)
+        return self.offsets[k] + float(np.clip(best[0], 0.0, lanes[0].length)), best[1]
+
+    def locate(self, k: int, position: np.ndarray) -> tuple[int, float, float]:
+        """The segment among ``k``..``k + 2`` nearest to ``position`` (later wins ties), its progress and distance."""
+        best = None
+        for j in range(k, min(k + 3, len(self.segments))):
+            p, d = self.segment_progress(j, position)
+            if d > 0 and self._on_connector(j, position):
+                d = 0.0
+            if best is None or d <= best[2] + 1e-9:
+                best = (j, p, d)
+        return best
+
+    def distance(self, position: np.ndarray) -> float:
+        return min(lane.distance(position) for lane in self.lanes)

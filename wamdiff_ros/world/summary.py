@@ -1,0 +1,121 @@
+"""Aggregates of episode scores: per (planner, mode) totals with bootstrap confidence intervals, per-scenario
+driving scores and paired differences over matched (scenario, seed) episodes."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from wamdiff_ros.world.metrics import EpisodeScore
+
+
+
+def bootstrap_ci(values: Sequence[float] | np.ndarray, level: float = 0.9, n: int = 2000,
+                 seed: int = 0) -> tuple[float, float, float]:
+    """(mean, lo, hi): percentile bootstrap of the mean at confidence ``level``; NaNs for no values."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    if v.size == 0:
+        return math.nan, math.nan, math.nan
+    means = v[np.random.default_rng(seed).integers(0, v.size, size=(n, v.size))].mean(axis=1)
+    alpha = (1.0 - level) / 2.0
+    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
+    mean = float(v.mean())
+    # Clamp so a degenerate resample distribution never reports an interval that excludes the point estimate.
+    return mean, float(min(lo, mean)), float(max(hi, mean))
+
+
+def paired_difference_ci(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, level: float = 0.9,
+                         n: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean of a - b, lo, hi) over matched episodes (same scenario and seed, same order): bootstrap of the paired
+    differences, which removes the between-scenario variance both planners share."""
+    a_, b_ = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a_.shape != b_.shape:
+        raise ValueError(f"paired samples differ in shape: {a_.shape} vs {b_.shape}")
+    return bootstrap_ci(a_ - b_, level=level, n=n, seed=seed)
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    v = [x for x in values if x is not None]
+    return float(np.mean(v)) if v else None
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    v = [x for x in values if x is not None]
+    return float(np.median(v)) if v else None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000.0 * seconds
+
+
+def _totals(group: list[EpisodeScore], level: float, n: int, seed: int) -> dict[str, Any]:
+    ds, ds_lo, ds_hi = bootstrap_ci([s.driving_score for s in group], level=level, n=n, seed=seed)
+    count = len(group)
+    return {
+        "episodes": count,
+        "ds": ds, "ds_lo": ds_lo, "ds_hi": ds_hi,
+        "sr": 100.0 * sum(s.success for s in group) / count,
+        "rc": float(np.mean([s.route_completion for s in group])),
+        "penalty": float(np.mean([s.infraction_penalty for s in group])),
+        "collisions_per_ep": sum(s.collisions for s in group) / count,
+        "at_fault_per_ep": sum(s.at_fault_collisions for s in group) / count,
+        "rear_ended_per_ep": sum(s.rear_ended for s in group) / count,
+        "offlane_m": float(np.mean([s.offlane_m for s in group])),
+        "comfort": float(np.mean([s.comfort for s in group])),
+        # Episodes keep only their own latency statistics: report their mean / median across episodes.
+        "latency_mean_ms": _ms(_mean(s.plan_latency_mean_s for s in group)),
+        "latency_p50_ms": _ms(_median(s.plan_latency_p50_s for s in group)),
+        "latency_p90_ms": _ms(_median(s.plan_latency_p90_s for s in group)),
+        "forward_calls_per_token": _mean(s.forward_calls_per_token for s in group),
+        "end_reasons": dict(sorted(_count(s.end_reason for s in group).items())),
+    }
+
+
+def _count(items: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for item in items:
+        out[item] += 1
+    return dict(out)
+
+
+def summarize(scores: Sequence[EpisodeScore], level: float = 0.9, n: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Bench2Drive-style totals, JSON-ready.
+
+    ``groups``: per (planner, mode) -- episodes, DS mean with its bootstrap CI, SR %, RC, penalty, collisions /
+    at-fault / rear-ended per episode, comfort, latency (ms) and ``per_scenario_ds``. ``per_scenario``: the same
+    totals per (scenario, planner, mode). ``paired``: for every two planners in one mode, the DS difference over the
+    episodes both ran (matched by scenario and seed) with its paired bootstrap CI."""
+    by_group: dict[tuple[str, str], list[EpisodeScore]] = defaultdict(list)
+    by_scenario: dict[tuple[str, str, str], list[EpisodeScore]] = defaultdict(list)
+    for s in scores:
+        by_group[(s.planner, s.mode)].append(s)
+        by_scenario[(s.scenario, s.planner, s.mode)].append(s)
+    groups = []
+    for (planner, mode), group in sorted(by_group.items()):
+        per_scenario: dict[str, list[float]] = defaultdict(list)
+        for s in group:
+            per_scenario[s.scenario].append(s.driving_score)
+        groups.append({"planner": planner, "mode": mode, **_totals(group, level, n, seed),
+                       "per_scenario_ds": {k: float(np.mean(v)) for k, v in sorted(per_scenario.items())}})
+    scenarios = [{"scenario": scenario, "planner": planner, "mode": mode, **_totals(group, level, n, seed)}
+                 for (scenario, planner, mode), group in sorted(by_scenario.items())]
+    paired = []
+    modes = sorted({mode for _, mode in by_group})
+    for mode in modes:
+        planners = sorted(p for p, m in by_group if m == mode)
+        for i, a in enumerate(planners):
+            for b in planners[i + 1:]:
+                ds_a = {(s.scenario, s.seed): s.driving_score for s in by_group[(a, mode)]}
+                ds_b = {(s.scenario, s.seed): s.driving_score for s in by_group[(b, mode)]}
+                keys = sorted(ds_a.keys() & ds_b.keys())
+                if not keys:
+                    continue
+                diff, lo, hi = paired_difference_ci([ds_a[k] for k in keys], [ds_b[k] for k in keys],
+                                                    level=level, n=n, seed=seed)
+                paired.append({"mode": mode, "a": a, "b": b, "episodes": len(keys),
+                               "ds_diff": diff, "ds_diff_lo": lo, "ds_diff_hi": hi})
+    return {"level": level, "groups": groups, "per_scenario": scenarios, "paired": paired}
