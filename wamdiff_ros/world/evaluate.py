@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--model: {model!r} is not a checkpoint folder")
     if args.episodes < 1:
         parser.error("--episodes must be >= 1")
+    if not args.plan_hz > 0 or not args.hardware_factor > 0:
+        parser.error("--plan-hz and --hardware-factor must be > 0")
     planners = (["model"] if model else []) + baselines
     if not planners:
         parser.error("nothing to run: give --model or --baselines")

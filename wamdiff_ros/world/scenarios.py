@@ -89,7 +89,11 @@ def load_scenarios(path: str | Path | None = None, version: int = DEFAULT_VERSIO
             raise ScenarioError(f"no frozen scenario set version {version} (scenarios_v{version}.yaml)")
         text, source = ref.read_text(), f"scenarios_v{version}.yaml"
     else:
-        text, source = Path(path).read_text(), str(path)
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ScenarioError(f"{source}: cannot read the scenario file: {exc}") from exc
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:

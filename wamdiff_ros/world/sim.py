@@ -10,6 +10,7 @@ ego and the traffic are placed here from the scenario file with a seeded generat
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -77,7 +78,8 @@ class World:
                              np_random=np.random.RandomState(self.seed))
         self.road.np_random = np.random.RandomState(self.seed)
         self.t = 0.0
-        self._ids: dict[int, int] = {}
+        self._actors: dict[int, tuple[object, int]] = {}  # id(obj) -> (obj, actor id); holding obj keeps id() unique
+        self._next_actor = itertools.count(1)
         self._last_hit: dict[int, float] = {}
         self._traffic_still: dict[int, float] = {}
         self._next_spawn = 0.0
@@ -261,7 +263,10 @@ class World:
         return r.command if r.command_from_m <= self.progress_m <= r.command_to_m else fmt.Command.FOLLOW
 
     def _id(self, obj: object) -> int:
-        return self._ids.setdefault(id(obj), len(self._ids) + 1)
+        """A stable actor id, never reused (Python recycles id() of freed objects, so the object is kept)."""
+        if id(obj) not in self._actors:
+            self._actors[id(obj)] = (obj, next(self._next_actor))
+        return self._actors[id(obj)][1]
 
     def others(self) -> list[VehicleBox]:
         """Every other vehicle and static obstacle, in the world frame."""
@@ -298,8 +303,8 @@ class World:
         keep = [self.ego]
         for v in self.road.vehicles[1:]:
             v.speed = max(v.speed, 0.0)  # highway-env's IDM can brake into reverse; traffic never reverses
-            still = self._traffic_still.get(id(v), 0.0) + self.dt if v.speed < 0.1 else 0.0
-            self._traffic_still[id(v)] = still
+            still = self._traffic_still.get(self._id(v), 0.0) + self.dt if v.speed < 0.1 else 0.0
+            self._traffic_still[self._id(v)] = still
             if still < STUCK_TRAFFIC_S:  # IDM cars can deadlock in a junction; like CARLA's traffic manager,
                 keep.append(v)           # the world removes a car that has not moved for this long
         self.road.vehicles = keep
@@ -338,8 +343,7 @@ class World:
                 continue
             i = self._id(other)
             other.crashed = False
-            if self.t - self._last_hit.get(i, -math.inf) < COLLISION_REPEAT_S:
-                self._last_hit[i] = self.t
+            if self.t - self._last_hit.get(i, -math.inf) < COLLISION_REPEAT_S:  # measured from the counted hit
                 continue
             self._last_hit[i] = self.t
             static = isinstance(other, Obstacle)
