@@ -21,7 +21,8 @@ setup(
         "matplotlib>=3.8",
         "imageio-ffmpeg>=0.5",
     ],
-    extras_require={"test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis"]},
+    # carla (the CARLA client's value types) and vermin (the agent's Python 3.7 check) are for the tests only
+    extras_require={"test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "carla==0.9.16", "vermin"]},
     entry_points={
         "console_scripts": [
             "wamdiff-plan = wamdiff_ros.cli:plan_main",
@@ -32,6 +33,7 @@ setup(
             "wamdiff-demo = wamdiff_ros.ros.demo:main",
             "wamdiff-eval = wamdiff_ros.world.evaluate:main",
             "wamdiff-data = wamdiff_ros.world.dataset:main",
+            "wamdiff-serve = wamdiff_ros.carla_bridge.server:main",
         ]
     },
 )

@@ -1,0 +1,388 @@
+"""wamdiff-serve and its wire format: framing errors, a real server subprocess (tiny-random), newest-wins, status."""
+
+import dataclasses
+import io
+import json
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from wamdiff_ros.carla_bridge import protocol
+from wamdiff_ros.carla_bridge.client import PlannerClient, RemoteError
+from wamdiff_ros.carla_bridge.protocol import ErrorCode, MessageType
+
+EGO = protocol.ego_fields((5.0, 0.0), (0.2, 0.0), 5.0, (10.0, -3.0, 0.3), 12.5)
+
+
+def _image(height=128, width=256):
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 255, size=(height, width, 3), dtype=np.uint8)
+
+
+def _plan_frame(request_id, image=None, command="left", ego=EGO, **extra):
+    image = _image() if image is None else image
+    header, payload = protocol.plan_request(image.tobytes(), image.shape[0], image.shape[1], ego, command)
+    header.update(extra)
+    return protocol.encode_frame(MessageType.PLAN, request_id, header, payload)
+
+
+def _connect(address):
+    sock = protocol.connect(address, timeout_s=5.0)
+    return sock, protocol.FrameReader(sock, frame_timeout_s=30.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The wire format
+
+
+def test_frame_round_trip():
+    header = {"command": "left", "ego": EGO, "nested": {"a": [1, 2.5]}}
+    data = protocol.encode_frame(MessageType.PLAN, 2**40 + 7, header, b"\x00\x01\xff")
+    frame = protocol.decode_frame(data)
+    assert frame.msg_type is MessageType.PLAN and frame.request_id == 2**40 + 7
+    assert frame.header == header and frame.payload == b"\x00\x01\xff"
+    magic, version, *_ = struct.unpack_from(">4sHHQII", data)
+    assert (magic, version) == (protocol.MAGIC, protocol.PROTOCOL_VERSION)
+
+
+def test_reader_over_a_socket_splits_and_joins_frames():
+    a, b = socket.socketpair()
+    with a, b:
+        frames = [protocol.encode_frame(MessageType.STATUS, i, {"i": i}, bytes(range(i))) for i in range(1, 4)]
+        blob = b"".join(frames)
+        a.sendall(blob[:30])  # a frame split across reads
+        reader = protocol.FrameReader(b)
+        with pytest.raises(protocol.ReplyTimeoutError):
+            reader.next(0.05)
+        a.sendall(blob[30:])
+        got = [reader.next(1.0)] + reader.drain()
+        assert [(f.request_id, f.header["i"], f.payload) for f in got] == [(i, i, bytes(range(i))) for i in (1, 2, 3)]
+        a.close()
+        with pytest.raises(protocol.ConnectionClosedError):
+            reader.next(1.0)
+
+
+def test_wrong_version_names_both_versions():
+    data = bytearray(protocol.encode_frame(MessageType.STATUS, 1, {}))
+    struct.pack_into(">H", data, 4, protocol.PROTOCOL_VERSION + 1)
+    with pytest.raises(protocol.VersionMismatchError) as err:
+        protocol.decode_frame(bytes(data))
+    assert err.value.ours == protocol.PROTOCOL_VERSION and err.value.theirs == protocol.PROTOCOL_VERSION + 1
+    assert f"version {protocol.PROTOCOL_VERSION + 1}" in str(err.value)
+    assert f"version {protocol.PROTOCOL_VERSION}" in str(err.value) and err.value.field == "version"
+    assert not err.value.recoverable
+
+
+def test_wrong_magic_rejected():
+    with pytest.raises(protocol.BadMagicError) as err:
+        protocol.decode_frame(b"HTTP" + protocol.encode_frame(MessageType.STATUS, 1, {})[4:])
+    assert err.value.field == "magic"
+
+
+@pytest.mark.parametrize("cut, field", [(10, "fixed header"), (protocol.FIXED_HEADER_SIZE + 3, "json header"),
+                                        (-5, "payload")])
+def test_truncated_frames_rejected(cut, field):
+    data = protocol.encode_frame(MessageType.PLAN, 9, {"command": "left"}, b"x" * 64)
+    with pytest.raises(protocol.TruncatedFrameError) as err:
+        protocol.decode_frame(data[:cut])
+    assert err.value.field == field
+    assert err.value.received < err.value.announced
+
+
+def test_truncated_stream_rejected():
+    a, b = socket.socketpair()
+    with a, b:
+        data = protocol.encode_frame(MessageType.PLAN, 9, {"command": "left"}, b"x" * 64)
+        a.sendall(data[:-10])
+        a.close()
+        with pytest.raises(protocol.TruncatedFrameError) as err:
+            protocol.FrameReader(b).next(1.0)
+        assert err.value.field == "payload" and err.value.request_id == 9
+        assert (err.value.announced, err.value.received) == (64, 54)
+
+
+def test_stalled_frame_rejected():
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(protocol.encode_frame(MessageType.STATUS, 3, {"x": 1})[:-2])
+        with pytest.raises(protocol.FrameStalledError) as err:
+            protocol.FrameReader(b, frame_timeout_s=0.1).next(5.0)
+        assert isinstance(err.value, protocol.TruncatedFrameError) and err.value.field == "json header"
+
+
+def test_oversized_frames_rejected():
+    data = protocol.encode_frame(MessageType.PLAN, 1, {}, b"x" * 1000)
+    with pytest.raises(protocol.FrameTooLargeError) as err:
+        protocol.decode_frame(data, max_payload_bytes=999)
+    assert (err.value.field, err.value.size, err.value.limit) == ("payload length", 1000, 999)
+    with pytest.raises(protocol.FrameTooLargeError):
+        protocol.encode_frame(MessageType.PLAN, 1, {}, b"x" * 1000, max_payload_bytes=999)
+    huge_header = bytearray(data)
+    struct.pack_into(">I", huge_header, 16, protocol.MAX_HEADER_BYTES + 1)
+    with pytest.raises(protocol.FrameTooLargeError) as err:
+        protocol.decode_frame(bytes(huge_header))
+    assert err.value.field == "header length"
+
+
+def test_malformed_json_and_unknown_type_are_recoverable():
+    good = protocol.encode_frame(MessageType.STATUS, 5, {})
+    bad_json = bytearray(protocol.encode_frame(MessageType.STATUS, 5, {"a": 1}))
+    bad_json[protocol.FIXED_HEADER_SIZE] = ord("[")
+    for data, cls, field in ((bytes(bad_json), protocol.MalformedMessageError, "json header"),
+                             (protocol.encode_frame(77, 5, {}), protocol.UnknownMessageTypeError, "message type")):
+        with pytest.raises(cls) as err:
+            protocol.decode_frame(data)
+        assert err.value.recoverable and err.value.request_id == 5 and err.value.field == field
+    not_object = good[:protocol.FIXED_HEADER_SIZE - 8] + struct.pack(">II", 2, 0) + b"[]"
+    with pytest.raises(protocol.MalformedMessageError, match="JSON object"):
+        protocol.decode_frame(not_object)
+
+
+def test_message_field_checks_name_the_field():
+    with pytest.raises(protocol.MalformedMessageError) as err:
+        protocol.check_ego({"ego": dict(EGO, velocity=[1.0, float("nan")])})
+    assert err.value.field == "ego.velocity"
+    with pytest.raises(protocol.MalformedMessageError) as err:
+        protocol.check_ego({"ego": dict(EGO, pose=[1.0, 2.0])})
+    assert err.value.field == "ego.pose"
+    with pytest.raises(protocol.MalformedMessageError) as err:
+        protocol.check_command({"command": "uturn"})
+    assert err.value.field == "command"
+    header = {"image": {"encoding": "rgb8", "height": 4, "width": 4}}
+    assert protocol.check_image(header, b"\x00" * 48) == ("rgb8", 4, 4)
+    with pytest.raises(protocol.MalformedMessageError) as err:
+        protocol.check_image(header, b"\x00" * 47)
+    assert err.value.field == "payload"
+
+
+def test_commands_match_the_text_format():
+    from wamdiff_ros.format import Command
+
+    assert set(protocol.COMMANDS) == {c.value for c in Command}
+
+
+def test_png_encoder_round_trips_through_pil():
+    from PIL import Image
+
+    image = _image(37, 53)
+    png = protocol.encode_png(image.tobytes(), 37, 53)
+    with Image.open(io.BytesIO(png)) as img:
+        assert np.array_equal(np.asarray(img.convert("RGB")), image)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("127.0.0.1:8799", ("tcp", ("127.0.0.1", 8799))),
+    ("tcp://localhost:1", ("tcp", ("localhost", 1))),
+    ("unix:///tmp/w.sock", ("unix", "/tmp/w.sock")),
+    ("unix:/tmp/w.sock", ("unix", "/tmp/w.sock")),
+])
+def test_parse_address(text, expected):
+    assert protocol.parse_address(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "localhost", "host:port", "host:70000", "unix:"])
+def test_parse_address_rejects(text):
+    with pytest.raises(protocol.FieldError) as err:
+        protocol.parse_address(text)
+    assert err.value.field == "server"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A real server (subprocess, tiny-random)
+
+
+@pytest.fixture(scope="module")
+def server():
+    from wamdiff_ros.carla_bridge.server import launch
+
+    process, address = launch(["--model", "tiny-random", "--port", "0", "--threads", "1"])
+    yield address
+    process.terminate()
+    assert process.wait(timeout=20) == 0  # SIGTERM: clean shutdown
+    process.output_thread.join(timeout=5)
+    assert "wamdiff-serve: stopped" in "".join(process.output)
+
+
+def _check_control(control):
+    assert 0.0 <= control["throttle"] <= 1.0 and 0.0 <= control["brake"] <= 1.0 and -1.0 <= control["steer"] <= 1.0
+    assert not (control["throttle"] > 0.0 and control["brake"] > 0.0)
+
+
+def test_server_plans_and_controls(server):
+    image = _image()
+    with PlannerClient(server, timeout_s=30.0) as client:
+        reply = client.plan(image.tobytes(), 128, 256, EGO, "left")
+        plan = reply["plan"]
+        assert plan["valid"], plan["reason"]
+        assert np.asarray(plan["waypoints"]).shape == (8, 2) and len(plan["confidence"]) == 8
+        assert plan["stamp"] == EGO["t"] and plan["stats"]["new_tokens"] > 0
+        _check_control(reply["control"])
+        assert reply["latency"]["plan_s"] > 0 and reply["latency"]["server_s"] >= reply["latency"]["plan_s"]
+        later = protocol.ego_fields((5.0, 0.0), (0.0, 0.0), 5.0, (10.25, -3.0, 0.3), EGO["t"] + 0.05)
+        control = client.control(later)
+        _check_control(control["control"])
+        assert control["plan_age_s"] == pytest.approx(0.05)
+        png = client.plan(image.tobytes(), 128, 256, EGO, "follow", encoding="png")
+        assert png["plan"]["valid"]
+
+
+def test_server_reset_drops_the_plan(server):
+    with PlannerClient(server, timeout_s=30.0) as client:
+        client.plan(_image().tobytes(), 128, 256, EGO, "straight")
+        before = client.status()["values"]["resets"]
+        assert client.reset("new route") == {"reset": True}
+        reply = client.control(EGO)
+        assert reply["control"]["braking"] and reply["control"]["reason"] == "brake: no plan"
+        assert reply["control"]["brake"] == 1.0 and reply["plan_age_s"] is None
+        assert client.status()["values"]["resets"] == before + 1
+
+
+def test_malformed_frame_gets_an_error_and_the_server_goes_on(server):
+    sock, reader = _connect(server)
+    with sock:
+        bad = bytearray(protocol.encode_frame(MessageType.PLAN, 41, {"command": "left"}))
+        bad[protocol.FIXED_HEADER_SIZE] = ord("]")  # JSON broken, framing intact
+        sock.sendall(bytes(bad))
+        reply = reader.next(10.0)
+        assert reply.msg_type is MessageType.ERROR and reply.request_id == 41
+        assert reply.header["code"] == ErrorCode.BAD_FRAME.value and reply.header["field"] == "json header"
+        sock.sendall(protocol.encode_frame(MessageType.PLAN, 42, {"command": "left", "ego": EGO}))  # no image
+        reply = reader.next(10.0)
+        assert reply.header["code"] == ErrorCode.BAD_FRAME.value and reply.header["field"] == "image"
+        sock.sendall(_plan_frame(43))
+        reply = reader.next(30.0)
+        assert reply.msg_type is MessageType.PLAN_REPLY and reply.request_id == 43 and reply.header["plan"]["valid"]
+
+
+def test_bad_magic_closes_that_connection_only(server):
+    sock, reader = _connect(server)
+    with sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = reader.next(10.0)
+        assert reply.msg_type is MessageType.ERROR and reply.header["field"] == "magic"
+        with pytest.raises(protocol.ConnectionClosedError):
+            reader.next(10.0)
+    with PlannerClient(server, timeout_s=10.0) as client:
+        assert "values" in client.status()
+
+
+def test_newest_plan_request_wins(server):
+    with PlannerClient(server, timeout_s=10.0) as client:
+        dropped = client.status()["values"]["dropped"]
+    sock, reader = _connect(server)
+    with sock:
+        sock.sendall(b"".join(_plan_frame(i) for i in (1, 2, 3)))
+        replies = {r.request_id: r for r in (reader.next(60.0) for _ in range(3))}
+    assert sorted(replies) == [1, 2, 3]
+    planned = [i for i, r in replies.items() if r.msg_type is MessageType.PLAN_REPLY]
+    superseded = [i for i, r in replies.items()
+                  if r.msg_type is MessageType.ERROR and r.header["code"] == ErrorCode.SUPERSEDED.value]
+    assert 3 in planned and 2 in superseded  # the first may be answered; of the rest only the newest is planned
+    assert sorted(planned + superseded) == [1, 2, 3]
+    with PlannerClient(server, timeout_s=10.0) as client:
+        assert client.status()["values"]["dropped"] == dropped + len(superseded)
+
+
+def test_status_uses_the_node_counter_names(server):
+    from wamdiff_ros.ros.cycle import Counters
+
+    with PlannerClient(server, timeout_s=30.0) as client:
+        before = client.status()["values"]
+        client.plan(_image().tobytes(), 128, 256, EGO, "right")
+        with pytest.raises(RemoteError) as err:
+            client.plan(_image(16, 16).tobytes(), 16, 16, EGO, "right")  # the planner refuses images < 32 px
+        assert err.value.code == ErrorCode.BAD_INPUT.value and err.value.field == "image"
+        after = client.status()["values"]
+    names = {f.name for f in dataclasses.fields(Counters)} - {"reasons"}
+    assert names <= set(after)
+    assert {"dropped", "inference_p50_ms", "inference_p99_ms", "last_inference_ms", "model", "world"} <= set(after)
+    assert after["frames"] == before["frames"] + 2 and after["planned"] == before["planned"] + 1
+    assert after["bad_input"] == before["bad_input"] + 1 and after["last_error"].startswith("image")
+    assert after["last_inference_ms"] > 0 and after["model"] == "tiny-random" and after["world"] == "carla"
+    json.dumps(after)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Timeouts, on an in-process server with a stub planner (deterministic timing)
+
+
+class _SlowPlanner:
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def plan(self, image, ego, command):
+        from wamdiff_ros.planner import Plan
+
+        time.sleep(self.seconds)
+        waypoints = np.stack([np.arange(1, 9) * 2.5, np.zeros(8)], axis=1).astype(np.float32)
+        return Plan(waypoints, np.ones(8, np.float32), valid=True)
+
+
+@pytest.fixture
+def stub_server(tmp_path):
+    from wamdiff_ros.carla_bridge.server import PlannerServer, ServeConfig
+
+    servers = []
+
+    def start(seconds=0.0, unix=False, **config):
+        server = PlannerServer(_SlowPlanner(seconds), ServeConfig(**config), model_name="stub")
+        address = server.bind(port=0, unix=str(tmp_path / "w.sock") if unix else None)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return server, address
+
+    yield start
+    for server, thread in servers:
+        server.stop()
+        thread.join(timeout=5)
+        assert not thread.is_alive()
+
+
+def test_request_past_its_deadline_is_not_planned(stub_server):
+    server, address = stub_server(seconds=1.0)
+    busy, busy_reader = _connect(address)
+    with busy:
+        busy.sendall(_plan_frame(1))  # holds the planner for 1 s
+        time.sleep(0.3)
+        with PlannerClient(address, timeout_s=5.0) as client:
+            header, payload = protocol.plan_request(_image().tobytes(), 128, 256, EGO, "left", deadline_s=0.1)
+            with pytest.raises(RemoteError) as err:
+                client.request(MessageType.PLAN, header, payload, timeout_s=5.0)
+            assert err.value.code == ErrorCode.TIMEOUT.value
+        assert busy_reader.next(5.0).msg_type is MessageType.PLAN_REPLY
+    values = server.status_values()
+    assert values["late"] == 1 and values["skipped.timeout"] == 1 and values["planned"] == 1
+
+
+def test_client_timeout_then_the_stale_reply_is_skipped(stub_server):
+    _, address = stub_server(seconds=0.3)
+    with PlannerClient(address, timeout_s=0.1) as client:
+        with pytest.raises(protocol.ReplyTimeoutError):
+            client.plan(_image().tobytes(), 128, 256, EGO, "left", timeout_s=0.05)
+        reply = client.control(EGO, timeout_s=5.0)  # the late plan reply arrives first and is skipped
+        assert client.stale_replies == 1 and "control" in reply
+
+
+def test_idle_connection_is_closed_and_unix_socket_served(stub_server):
+    server, address = stub_server(unix=True, idle_timeout_s=0.3)
+    assert address.startswith("unix://")
+    sock, reader = _connect(address)
+    with sock:
+        sock.sendall(protocol.encode_frame(MessageType.STATUS, 1, {}))
+        assert reader.next(5.0).header["values"]["model"] == "stub"
+        with pytest.raises(protocol.ConnectionClosedError):
+            reader.next(5.0)
+
+
+def test_time_jump_resets_the_follower(stub_server):
+    server, address = stub_server()
+    with PlannerClient(address, timeout_s=5.0) as client:
+        client.plan(_image().tobytes(), 128, 256, EGO, "left")
+        assert client.control(dict(EGO, t=EGO["t"] + 0.05))["control"]["reason"] != "brake: no plan"
+        assert client.control(dict(EGO, t=EGO["t"] - 5.0))["control"]["reason"] == "brake: no plan"
+    assert server.status_values()["resets"] == 1
