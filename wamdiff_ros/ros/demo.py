@@ -141,7 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="out/demo")
     p.add_argument("--model", default="tiny-random")
     p.add_argument("--settle", type=float, default=3.0, help="seconds to wait for the last plans")
+    p.add_argument("--closed-loop", metavar="SCENARIO", default=None,
+                   help="instead of the bag: drive one episode of a CPU-world scenario (highway, merge, roundabout, "
+                        "intersection) through real topics (the highway-env bridge + the node)")
     args = p.parse_args(argv)
+    if args.closed_loop:
+        from wamdiff_ros.ros import closed_loop_run
+
+        return closed_loop_run.main(["--scenario", args.closed_loop, "--episodes", "1", "--model", args.model,
+                                     "--out", args.out])
     node_args = ["-p", f"model:={args.model}", "-p", "block_size:=32", "-p", "steps:=4", "-p", "schedule:=static"]
     return run(Path(args.bag), Path(args.out), node_args, args.settle)
 

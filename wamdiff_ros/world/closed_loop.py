@@ -153,12 +153,5 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
         control = follower.step(active, world.ego_pose, world.ego_speed, world.t)
         world.step(*actuator(control))
         steps += 1
-    tr = world.trace
-    log = EpisodeLog(
-        scenario=spec.name, seed=seed, planner=planner.name, mode=config.mode, route_length_m=world.route_length_m,
-        time_limit_s=spec.duration_s, dt=world.dt, t=tr["t"], x=tr["x"], y=tr["y"], heading=tr["heading"],
-        speed=tr["speed"], progress_m=tr["progress_m"], on_route_lanes=world.trace_on_route, events=world.events,
-        end_reason=world.end_reason, plan_latency_s=latencies,
-        forward_calls_per_token=calls / tokens if tokens else None,
-    )
+    log = world.episode_log(planner.name, config.mode, latencies, calls / tokens if tokens else None)
     return EpisodeResult(log, steps, time.perf_counter() - start, frames)

@@ -67,7 +67,8 @@ PENALTY: dict[Infraction, float] = {
     Infraction.OUTSIDE_LANES: 1.0,
 }
 
-END_REASONS: tuple[str, ...] = ("completed", "timeout", "route_deviation", "blocked")
+END_REASONS: tuple[str, ...] = ("completed", "timeout", "route_deviation", "blocked", "stopped")  # stopped: cut
+# short by the caller (e.g. a bridge's sim-time limit) before the world ended it
 RC_TOLERANCE = 1e-6
 
 

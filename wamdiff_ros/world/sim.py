@@ -26,7 +26,7 @@ from highway_env.vehicle.kinematics import Vehicle
 from highway_env.vehicle.objects import Obstacle
 
 from wamdiff_ros import format as fmt
-from wamdiff_ros.world.metrics import Infraction, InfractionEvent
+from wamdiff_ros.world.metrics import EpisodeLog, Infraction, InfractionEvent
 from wamdiff_ros.world.route import Route
 from wamdiff_ros.world.scenarios import ScenarioSet, ScenarioSpec, load_scenarios
 from wamdiff_ros.world.types import LINE_DASHED, LINE_NONE, LINE_SOLID, LaneStrip, Pose2D, RoadGeometry, VehicleBox
@@ -283,6 +283,18 @@ class World:
     @property
     def route_length_m(self) -> float:
         return self.route.target_m - self.route.start_m
+
+    def episode_log(self, planner: str, mode: str, plan_latency_s: list[float] | None = None,
+                    forward_calls_per_token: float | None = None, end_reason: str = "") -> EpisodeLog:
+        """Everything the metrics need about this episode so far (``end_reason`` when it was cut short)."""
+        tr = self.trace
+        return EpisodeLog(
+            scenario=self.spec.name, seed=self.seed, planner=planner, mode=mode, route_length_m=self.route_length_m,
+            time_limit_s=self.spec.duration_s, dt=self.dt, t=tr["t"], x=tr["x"], y=tr["y"], heading=tr["heading"],
+            speed=tr["speed"], progress_m=tr["progress_m"], on_route_lanes=self.trace_on_route, events=self.events,
+            end_reason=self.end_reason or end_reason, plan_latency_s=list(plan_latency_s or []),
+            forward_calls_per_token=forward_calls_per_token,
+        )
 
     @property
     def done(self) -> bool:
