@@ -29,10 +29,11 @@ ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament
 
 setup: $(STAMP)
 
-$(PIP_STAMP): requirements.lock setup.py
+$(PIP_STAMP): requirements.lock setup.py training/setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -r requirements.lock
 	$(PIP) install --no-deps --no-build-isolation -e .
+	$(PIP) install --no-deps --no-build-isolation -e training
 	touch $@
 
 $(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch $(MSGS) $(SHARE_FILES) $(wildcard scripts/wamdiff_*)

@@ -1,0 +1,13 @@
+"""``wamdiff-training``: the companion training package; imports ``wamdiff_ros``, never imported by it."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="wamdiff-training",
+    version="0.1.0",
+    description="WAM-Diff2-style hierarchical distillation training for the wamdiff_ros planner",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["wamdiff_training", "wamdiff_training.*"]),
+    install_requires=["wamdiff_ros", "pyyaml>=6"],
+)
