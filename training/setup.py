@@ -10,4 +10,5 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["wamdiff_training", "wamdiff_training.*"]),
     install_requires=["wamdiff_ros", "pyyaml>=6"],
+    entry_points={"console_scripts": ["wamdiff-train = wamdiff_training.cli:main"]},
 )

@@ -1,0 +1,66 @@
+"""``wamdiff-train {ar,adapt,distill,cross-scale} --config FILE [--resume [CKPT]] [--set key=value ...]``.
+
+Runs as one process or under ``torchrun --nproc-per-node N -m wamdiff_training.cli ...``. Exit status: 0 done,
+2 a bad config / argument / checkpoint or a stage not in this build, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from wamdiff_ros.errors import CheckpointError
+from wamdiff_training.config import ConfigError, load_config
+from wamdiff_training.data import RecordError
+from wamdiff_training.stages import NAMES, STAGES
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="wamdiff-train", description=__doc__.split("\n\n")[0])
+    p.add_argument("stage", choices=NAMES, help="ar: phase 1 AR pretraining; the others come in later builds")
+    p.add_argument("--config", required=True, help="YAML config, e.g. training/configs/tiny_ar.yaml")
+    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
+                   help="continue from <out.dir>/checkpoints/latest, or from the checkpoint folder CKPT")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set train.lr=3e-4 (repeatable)")
+    p.add_argument("--stop-after", type=int, default=None, metavar="K",
+                   help="exit hard (os._exit, no cleanup) right after step K: a kill, for resume tests")
+    p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", 0))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="%(asctime)s wamdiff-train: %(message)s", datefmt="%H:%M:%S")
+    try:
+        if args.stage not in STAGES:
+            raise NotImplementedError(f"stage {args.stage!r} is not implemented in this build "
+                                      f"(available: {', '.join(STAGES)})")
+        if args.stop_after is not None and args.stop_after < 1:
+            raise ConfigError("--stop-after", "", f"must be >= 1, got {args.stop_after}")
+        config = load_config(args.config, args.overrides)
+        from transformers.utils import logging as hf_logging
+
+        from wamdiff_training.engine import train
+
+        hf_logging.disable_progress_bar()
+        result = train(config, STAGES[args.stage], args.stage, resume=args.resume, stop_after=args.stop_after,
+                       progress=not args.no_progress)
+    except (ConfigError, CheckpointError, RecordError, NotImplementedError) as exc:
+        if rank == 0:
+            print(f"wamdiff-train: error: {exc}", file=sys.stderr)
+        return 2
+    if rank == 0:
+        losses = result.losses
+        first = f"{losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "no steps run"
+        logging.info("done: %d steps, loss %s, %.2f steps/s, %.1f samples/s, checkpoint %s", result.steps, first,
+                     result.steps_per_s, result.samples_per_s, result.checkpoint)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
