@@ -1,7 +1,7 @@
 """``wamdiff-train {ar,adapt,distill,cross-scale} --config FILE [--resume [CKPT]] [--set key=value ...]``.
 
 Runs as one process or under ``torchrun --nproc-per-node N -m wamdiff_training.cli ...``. Exit status: 0 done,
-2 a bad config / argument / checkpoint or a stage not in this build, 1 anything else.
+2 a bad config / argument / checkpoint / stage setting, 1 anything else.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from wamdiff_training.stages import NAMES, STAGES
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wamdiff-train", description=__doc__.split("\n\n")[0])
-    p.add_argument("stage", choices=NAMES, help="ar: phase 1 AR pretraining; the others come in later builds")
+    p.add_argument("stage", choices=NAMES, help="ar: phase 1 AR pretraining; adapt: Stage I (one curriculum phase "
+                   "per run, adapt.block_size); distill: Stage II block-wise; cross-scale: Stage III model-wise")
     p.add_argument("--config", required=True, help="YAML config, e.g. training/configs/tiny_ar.yaml")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
                    help="continue from <out.dir>/checkpoints/latest, or from the checkpoint folder CKPT")
@@ -27,6 +28,9 @@ def parser() -> argparse.ArgumentParser:
                    help="override a config field, e.g. --set train.lr=3e-4 (repeatable)")
     p.add_argument("--stop-after", type=int, default=None, metavar="K",
                    help="exit hard (os._exit, no cleanup) right after step K: a kill, for resume tests")
+    p.add_argument("--curriculum", action="store_true",
+                   help="adapt only: run the whole ladder adapt.curriculum (e.g. B = 1 4 8 16 32), each phase in "
+                        "<out.dir>/bNN initialised from its predecessor's last checkpoint (phase 0: model.init)")
     p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
     return p
 
@@ -37,9 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="%(asctime)s wamdiff-train: %(message)s", datefmt="%H:%M:%S")
     try:
-        if args.stage not in STAGES:
-            raise NotImplementedError(f"stage {args.stage!r} is not implemented in this build "
-                                      f"(available: {', '.join(STAGES)})")
         if args.stop_after is not None and args.stop_after < 1:
             raise ConfigError("--stop-after", "", f"must be >= 1, got {args.stop_after}")
         config = load_config(args.config, args.overrides)
@@ -48,9 +49,22 @@ def main(argv: list[str] | None = None) -> int:
         from wamdiff_training.engine import train
 
         hf_logging.disable_progress_bar()
-        result = train(config, STAGES[args.stage], args.stage, resume=args.resume, stop_after=args.stop_after,
-                       progress=not args.no_progress)
-    except (ConfigError, CheckpointError, RecordError, NotImplementedError) as exc:
+        if not args.curriculum:
+            result = train(config, STAGES[args.stage], args.stage, resume=args.resume, stop_after=args.stop_after,
+                           progress=not args.no_progress)
+        else:
+            if args.stage != "adapt":
+                raise ConfigError("--curriculum", "", "only the adapt stage has a curriculum")
+            from wamdiff_training.stages.adapt import curriculum
+
+            plan = curriculum(config.adapt.curriculum, config.adapt.steps_per_phase or config.train.steps)
+            root, init = config.out.dir, config.model.init
+            for phase in plan:  # each phase's init resolves to the checkpoint its predecessor has just written
+                logging.info("curriculum phase %d: B=%d, %d steps", phase.index, phase.block_size, phase.steps)
+                phase_config = load_config(args.config, [*args.overrides, *plan.overrides(phase, root, init)])
+                result = train(phase_config, STAGES["adapt"], "adapt", resume=args.resume,
+                               stop_after=args.stop_after, progress=not args.no_progress)
+    except (ConfigError, CheckpointError, RecordError, ValueError) as exc:  # ValueError: a stage's own settings
         if rank == 0:
             print(f"wamdiff-train: error: {exc}", file=sys.stderr)
         return 2

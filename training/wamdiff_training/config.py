@@ -95,6 +95,53 @@ class ArSection:
     freeze_vision: bool = False  # train the language side only
 
 
+PAPER_CURRICULUM = (1, 4, 8, 16, 32)  # Stage I: B = 1 -> 4 -> 8 -> 16 -> 32
+
+
+@dataclass(slots=True)
+class AdaptSection:
+    """The ``adapt:`` config section (one curriculum phase per run; ``curriculum`` plans the whole ladder)."""
+
+    block_size: int = 1  # this run's B (the curriculum's overrides set it per phase)
+    curriculum: list[int] = field(default_factory=lambda: list(PAPER_CURRICULUM))
+    steps_per_phase: list[int] = field(default_factory=list)  # one per phase, or one for all; empty: train.steps
+    t_min: float = 0.0  # per-block mask rate t ~ stratified U[t_min, t_max)
+    t_max: float = 1.0
+    prompt_attention: str = "block_causal"  # prompt in B-chunks (WAM-Diff2) or causal; saved in DecodeMeta
+    pad_answers: bool = True  # EOS-pad answers to whole blocks, as the decoder's last block holds B tokens
+
+
+@dataclass(slots=True)
+class DistillSection:
+    """The ``distill:`` config section."""
+
+    teacher: str = ""  # the small-block diffusion teacher's checkpoint folder, or "tiny-random"
+    teacher_tiny: TinyModel = field(default_factory=TinyModel)  # when teacher is tiny-random
+    teacher_block_size: int | None = None  # None: the teacher's trained_block_size
+    teacher_dtype: str = "auto"
+    block_size: int = 32  # the student's
+    divergence: str = "jsd"  # jsd | fkl | rkl
+    beta: float = 0.5
+    temperature: float = 1.0
+    ce_weight: float = 0.0
+    t_min: float = 0.1  # mask ratio of random states and the on-policy stopping rate
+    t_max: float = 0.5
+    on_policy: float = 0.5
+    threshold: float = 0.9  # the student's decode settings in the rollout
+    schedule: str = "threshold"
+    decode_steps: int = 32
+    rollout_steps: int = 8  # at most this many rollout forwards per training step
+    prompt_attention: str = "block_causal"
+    pad_answers: bool = True
+
+
+@dataclass(slots=True)
+class CrossScaleSection(DistillSection):
+    """The ``cross_scale:`` config section: ``distill``'s keys plus the teacher's kind."""
+
+    teacher_kind: str = "auto"
+
+
 @dataclass(slots=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -102,6 +149,9 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     out: OutConfig = field(default_factory=OutConfig)
     ar: ArSection = field(default_factory=ArSection)
+    adapt: AdaptSection = field(default_factory=AdaptSection)
+    distill: DistillSection = field(default_factory=DistillSection)
+    cross_scale: CrossScaleSection = field(default_factory=CrossScaleSection)
     source: str = field(default="<config>", metadata={"internal": True})
 
     def as_dict(self) -> dict:

@@ -282,3 +282,12 @@ def forward_layouts(model, layouts: Sequence[Layout], with_clean: bool = False, 
         lengths=tuple(x.answer_len for x in layouts),
         clean=clean,
     )
+
+
+def ar_aligned_logits(ar_model: torch.nn.Module, pairs: Sequence[tuple[PromptInputs, torch.Tensor]],
+                      prompt_block_size: int = 1, pad_id: int = 0) -> torch.Tensor:
+    """(N, V): row j of each answer holds the AR logit at position j-1 given ``prompt ⊕ answer[:j]``, i.e. the AR
+    prediction of answer token j (``ar_layout`` owns the shift); the alignment of ``overlap.ar_aligned_overlap`` and
+    of the AR teacher in cross-scale distillation."""
+    layouts = [ar_layout(prompt, answer, prompt_block_size) for prompt, answer in pairs]
+    return forward_layouts(ar_model, layouts, pad_id=pad_id).logits

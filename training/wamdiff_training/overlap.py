@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from wamdiff_ros import format as fmt
-from wamdiff_training.layout import IGNORE, Layout, ar_layout, forward_layouts
+from wamdiff_training.layout import IGNORE, Layout, ar_aligned_logits, forward_layouts
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +76,9 @@ def ar_aligned_overlap(
     in-place logit at the masked position i of each diffusion layout."""
     if any(x.mask_token_id is None for x in layouts):
         raise ValueError("ar_aligned_overlap takes diffusion layouts (with a noisy copy)")
-    ar = [ar_layout(x.prompt_inputs(), x.answer, ar_prompt_block_size) for x in layouts]
     diffusion = forward_layouts(diffusion_model, layouts)
-    shifted = forward_layouts(ar_model, ar)  # row i already holds the logit at i-1
-    return top_k_overlap(shifted.logits, diffusion.logits, k, diffusion.labels != IGNORE, _exclude(layouts))
+    shifted = ar_aligned_logits(ar_model, [(x.prompt_inputs(), x.answer) for x in layouts], ar_prompt_block_size)
+    return top_k_overlap(shifted, diffusion.logits, k, diffusion.labels != IGNORE, _exclude(layouts))
 
 
 @dataclass(slots=True)

@@ -12,17 +12,12 @@ import dataclasses
 import torch
 from torch import nn
 
-from wamdiff_ros.inputs import PromptInputs
 from wamdiff_ros.model import DecodeMeta, ModelBundle
 from wamdiff_training.config import Config
 from wamdiff_training.data import Sample
 from wamdiff_training.layout import NEXT_TOKEN, ar_layout, forward_layouts
 from wamdiff_training.losses import masked_cross_entropy
-
-
-def prompt_inputs(sample: Sample) -> PromptInputs:
-    return PromptInputs(sample.prompt_ids[None], sample.mm_token_type_ids[None], sample.pixel_values,
-                        sample.image_grid_thw)
+from wamdiff_training.stages.common import prompt_inputs
 
 
 class ArStage:
