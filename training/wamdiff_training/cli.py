@@ -1,4 +1,5 @@
-"""``wamdiff-train {ar,adapt,distill,cross-scale} --config FILE [--resume [CKPT]] [--set key=value ...]``.
+"""``wamdiff-train {ar,adapt,distill,cross-scale} --config FILE [--resume [CKPT]] [--set key=value ...]``;
+``wamdiff-train eval ...`` evaluates checkpoints (``wamdiff_training.evaluation``).
 
 Runs as one process or under ``torchrun --nproc-per-node N -m wamdiff_training.cli ...``. Exit status: 0 done,
 2 a bad config / argument / checkpoint / stage setting, 1 anything else.
@@ -18,7 +19,8 @@ from wamdiff_training.stages import NAMES, STAGES
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="wamdiff-train", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="wamdiff-train", description=__doc__.split("\n\n")[0],
+                                epilog="Evaluation: wamdiff-train eval --help")
     p.add_argument("stage", choices=NAMES, help="ar: phase 1 AR pretraining; adapt: Stage I (one curriculum phase "
                    "per run, adapt.block_size); distill: Stage II block-wise; cross-scale: Stage III model-wise")
     p.add_argument("--config", required=True, help="YAML config, e.g. training/configs/tiny_ar.yaml")
@@ -36,6 +38,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["eval"]:  # a command of its own (no --config): kept apart from the stage parser
+        from wamdiff_training import evaluation
+
+        return evaluation.main(argv[1:])
     args = parser().parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,

@@ -1,0 +1,162 @@
+"""``wamdiff-train eval``: one run over a tiny held-out export with an AR checkpoint (found through its run folder,
+with a metrics.csv) and a block-diffusion B=8 one (logits scaled so threshold decoding fixes several tokens per step),
+the B=8 one as teacher, a threshold sweep and a 2 s closed loop; then its files, its numbers and its errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+try:
+    import wamdiff_training  # noqa: F401
+except ImportError:  # not installed: use the checkout's training/ folder
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+
+from wamdiff_ros import format as fmt
+from wamdiff_ros.model import DecodeMeta, save_checkpoint, tiny_random
+from wamdiff_ros.world.dataset import main as export
+from wamdiff_training import evaluation
+from wamdiff_training.cli import main as train_main
+from wamdiff_training.data import Record
+from wamdiff_training.detection import detection_metrics
+from wamdiff_training.metrics_log import MetricsLog
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGIT_SCALE = 48.0  # as conftest.scaled_tiny: confidences spread over (0.6, 0.97)
+THRESHOLDS = (0.9, 0.5)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, dict, dict]:
+    """(out, eval.json, paths) of one full ``wamdiff-train eval``."""
+    base = tmp_path_factory.mktemp("train_eval")
+    assert export(["generate", "--scenarios", "highway", "--episodes", "1", "--max-seconds", "2", "--out",
+                   str(base / "data"), "--preview", "0", "--no-progress", "--split", "test"]) == 0
+    ar_run = base / "ar_run"
+    ar = tiny_random(seed=0, meta=DecodeMeta(prediction="next_token", trained_block_size=1, prompt_attention="causal"))
+    save_checkpoint(ar, ar_run / "checkpoints" / "step-000004")
+    (ar_run / "checkpoints" / "latest").write_text("step-000004\n")
+    log = MetricsLog(ar_run, True, 0, False)
+    for step, loss in enumerate((6.2, 4.1, 3.0, 2.5), 1):
+        log.write(step, {"loss": loss, "lr": 1e-3})
+    log.close()
+    block = tiny_random(seed=1, meta=DecodeMeta(trained_block_size=8))
+    with torch.no_grad():
+        block.model.model.language_model.norm.weight.mul_(LOGIT_SCALE)
+    save_checkpoint(block, base / "b8")
+    scenarios = yaml.safe_load((ROOT / "wamdiff_ros/world/scenarios_v1.yaml").read_text())
+    for spec in scenarios["scenarios"].values():
+        spec["duration_s"] = 2.0
+    (base / "short.yaml").write_text(yaml.safe_dump(scenarios))
+    out = base / "eval"
+    argv = ["eval", "--checkpoint", str(ar_run), "--checkpoint", str(base / "b8"), "--data",
+            str(base / "data" / "test.json"), "--teacher", str(base / "b8"), "--max-samples", "2",
+            "--thresholds", ",".join(map(str, THRESHOLDS)), "--closed-loop", "--episodes", "1", "--scenarios",
+            "highway", "--scenario-file", str(base / "short.yaml"), "--out", str(out), "--no-progress"]
+    assert train_main(argv) == 0  # through the wamdiff-train CLI's dispatch
+    return out, json.loads((out / "eval.json").read_text()), {"ar_run": ar_run, "b8": base / "b8", "base": base}
+
+
+def test_eval_json_numbers_are_well_formed(run):
+    out, result, paths = run
+    assert result["command_line"][:2] == ["wamdiff-train", "eval"] and "--closed-loop" in result["command_line"]
+    assert result["records"] == {"plan": 2, "detect": 2, "ask": 2} and result["k"] == 5
+    ar, block = result["checkpoints"]
+    assert ar["path"] == str(paths["ar_run"] / "checkpoints" / "step-000004")  # the run folder's latest
+    assert ar["decode"]["mode"] == "ar" and block["decode"]["mode"] == "block" and block["decode"]["block_size"] == 8
+    assert [r["threshold"] for r in ar["plan"]["sweep"]] == [None]  # a threshold does not change AR decoding
+    assert [r["threshold"] for r in block["plan"]["sweep"]] == list(THRESHOLDS)
+    for entry in (ar, block):
+        for row in entry["plan"]["sweep"]:
+            assert row["plans"] == 2 and row["valid"] + row["invalid"] == 2
+            assert len(row["l2_per_waypoint"]) == fmt.NUM_WAYPOINTS
+            finite = all(v is not None and math.isfinite(v) and v >= 0 for v in row["l2_per_waypoint"])
+            assert finite or row["invalid"] > 0
+            assert 0 < row["forward_calls_per_token"] <= 1 and row["tokens_per_s"] > 0
+        tf = entry["teacher_forced"]
+        assert 0 <= tf["token_accuracy"] <= 1 and tf["positions"] > 0 and set(tf["per_task"]) == {"plan", "detect", "ask"}
+        det = entry["detection"]
+        assert det["records"] == 2 and det["ground_truth"] > 0 and 0 <= det["recall"] <= 1 and 0 <= det["map50"] <= 1
+        assert entry["ask"]["records"] == 2 and 0 <= entry["ask"]["exact_match"] <= 1
+    assert ar["plan"]["sweep"][0]["forward_calls_per_token"] == pytest.approx(1.0, abs=0.02)
+    assert all(r["forward_calls_per_token"] < 1 for r in block["plan"]["sweep"])  # several tokens per forward
+    lowest = block["plan"]["sweep"][-1]["forward_calls_per_token"]
+    assert lowest <= block["plan"]["sweep"][0]["forward_calls_per_token"]  # a lower threshold fixes more per step
+    assert ar["metrics_csv"] == str(paths["ar_run"] / "metrics.csv") and block["metrics_csv"] is None
+    assert result["exposure_bias"]["reference"] == ar["label"]
+    assert len(result["exposure_bias"]["gap_per_waypoint"][block["label"]]) == fmt.NUM_WAYPOINTS
+
+
+def test_rho_of_a_checkpoint_with_itself_is_one(run):
+    _, result, paths = run
+    ar, block = result["checkpoints"]
+    assert block["rho"]["value"] == 1.0 and block["rho"]["k"] == 5 and block["rho"]["positions"] > 0
+    assert block["rho"]["teacher"] == str(paths["b8"])
+    assert 0 <= ar["rho"]["value"] < 1 and ar["rho"]["alignment"].startswith("AR-aligned")
+
+
+def test_closed_loop_fills_a_driving_score(run):
+    _, result, _ = run
+    for entry in result["checkpoints"]:
+        cl = entry["closed_loop"]
+        assert 0 <= cl["driving_score"] <= 100 and cl["model"]["episodes"] == 1
+        lo, hi = cl["driving_score_ci"]
+        assert lo <= cl["driving_score"] <= hi and Path(cl["report"]).is_file()
+    assert "--threshold" in result["checkpoints"][1]["closed_loop"]["command_line"]
+
+
+def test_csv_rows_and_figures(run):
+    out, result, _ = run
+    with (out / "eval.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["mode"], r["threshold"]) for r in rows] == [("ar", ""), ("block", "0.9"), ("block", "0.5")]
+    assert all(float(r["l2_mean"]) >= 0 and r["driving_score"] for r in rows)
+    assert rows[1]["rho_k"] == "1.0"
+    for name in ("l2_per_waypoint.png", "threshold_sweep.png", "training_curves.png"):
+        path = out / name
+        assert path.is_file() and path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
+        assert str(path) in result["figures"]
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint", "--data", "--teacher"])
+def test_a_bad_path_is_named_with_exit_code_2(run, flag, capsys):
+    _, _, paths = run
+    given = {"--checkpoint": str(paths["b8"]), "--data": str(paths["base"] / "data" / "test.json"), "--teacher": None}
+    missing = str(paths["base"] / "no_such_thing")
+    given[flag] = missing
+    argv = ["eval", *(x for k, v in given.items() if v is not None for x in (k, v)), "--out",
+            str(paths["base"] / "bad"), "--no-progress"]
+    assert train_main(argv) == 2
+    assert missing in capsys.readouterr().err
+    assert not (paths["base"] / "bad" / "eval.json").exists()
+
+
+def test_detection_metrics_by_hand():
+    car, truck = (lambda *xy: fmt.Box("car", *xy)), (lambda *xy: fmt.Box("truck", *xy))
+    truth = [[car(0, 0, 100, 100), car(200, 200, 300, 300)], [truck(0, 0, 50, 50)]]
+    perfect = detection_metrics(truth, truth)
+    assert (perfect["precision"], perfect["recall"], perfect["map50"]) == (1.0, 1.0, 1.0)
+    # one car found (IoU 0.81), one box off target, the truck called a car: P = 1/3, R = 1/3
+    predicted = [[car(10, 10, 100, 100), car(600, 600, 700, 700)], [car(0, 0, 50, 50)]]
+    m = detection_metrics(predicted, truth)
+    assert m["true_positives"] == 1 and m["precision"] == pytest.approx(1 / 3) and m["recall"] == pytest.approx(1 / 3)
+    assert m["ap50_per_class"] == pytest.approx({"car": 0.5 * (1 / 3), "truck": 0.0})  # AP = P x R at one score
+    assert m["map50"] == pytest.approx((1 / 6 + 0.0) / 2)
+    twice = detection_metrics([[car(0, 0, 100, 100), car(0, 0, 100, 100)]], [[car(0, 0, 100, 100)]])
+    assert (twice["true_positives"], twice["precision"]) == (1, 0.5)  # a true box matches once
+
+
+@pytest.mark.parametrize("command", list(fmt.Command))
+def test_plan_inputs_rebuild_the_prompt(command):
+    user = fmt.plan_prompt(command, (6.25, -0.5), (-1.75, 0.0))
+    ego, parsed = evaluation.plan_inputs(Record("r", Path("x.png"), user, "", "plan"))
+    assert parsed is command and fmt.plan_prompt(parsed, ego.velocity, ego.acceleration) == user
+    question = evaluation.question_of(Record("q", Path("x.png"), fmt.ask_prompt("Is the lane free?"), "", "ask"))
+    assert question == "Is the lane free?"

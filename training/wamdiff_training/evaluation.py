@@ -1,0 +1,429 @@
+"""``wamdiff-train eval``: checkpoints on a held-out split (anchors §1: the exposure-bias curve, ρ_k, tokens/s).
+
+Open loop, per checkpoint, each decoding in its own convention (AR or blocks, from ``wamdiff.json``):
+plan records -> per-waypoint L2 to the reference, invalid-plan rate, forward calls per token and decode tokens/s per
+confidence threshold; detect records -> precision / recall / AP at IoU 0.5; ask records -> exact match. Teacher
+forced, on fixed noisy states of every answer: in-place token accuracy (BD3 states at the decode block size; AR
+checkpoints: the shifted next-token accuracy) and, with ``--teacher``, top-K overlap ρ_k. ``--closed-loop`` adds
+the driving score of ``wamdiff-eval closed-loop``. Writes eval.json, eval.csv and PNGs. Exit status: 0 done, 2 a
+bad path or argument, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from wamdiff_ros import format as fmt
+from wamdiff_ros.cli import load_rgb
+from wamdiff_ros.decoding.settings import DecodeSettings
+from wamdiff_ros.errors import CheckpointError, WamDiffError
+from wamdiff_ros.model import TINY_RANDOM, ModelBundle, load
+from wamdiff_ros.planner import EgoState, Plan, Planner
+from wamdiff_training import checkpoint, plots
+from wamdiff_training.data import Record, RecordError, encode_record, load_records
+from wamdiff_training.detection import detection_metrics
+from wamdiff_training.layout import IGNORE, NEXT_TOKEN, NoiseConfig, ar_layout, diffusion_batch, forward_layouts
+from wamdiff_training.losses import masked_cross_entropy, token_accuracy
+from wamdiff_training.overlap import Overlap, ar_aligned_overlap, model_overlap, waypoint_l2
+from wamdiff_training.stages.common import answer_tokens, prompt_inputs
+
+TASKS = ("plan", "detect", "ask")
+_PLAN_TEXT = re.compile(r"navigation information is: (?P<cmd>[a-z ]+)\n.*velocity is: "
+                        r"\((?P<vx>[-\d.]+),(?P<vy>[-\d.]+)\) and current accelerate is: "
+                        r"\((?P<ax>[-\d.]+),(?P<ay>[-\d.]+)\)", re.S)
+_COMMANDS = {c.phrase: c for c in fmt.Command}
+
+
+class EvalError(WamDiffError, ValueError):
+    """A bad path or argument of ``wamdiff-train eval``; the message names it."""
+
+
+@dataclass(slots=True)
+class Subject:
+    """One loaded checkpoint and how it decodes."""
+
+    path: str
+    label: str
+    bundle: ModelBundle
+    settings: DecodeSettings
+
+    @property
+    def ar(self) -> bool:
+        return self.bundle.meta.prediction == NEXT_TOKEN
+
+    @property
+    def legend(self) -> str:
+        return f"{self.label} · " + ("AR" if self.ar else f"B={self.settings.block_size}")
+
+
+# -- inputs -----------------------------------------------------------------------------------------------------------
+
+
+def resolve_checkpoint(text: str, flag: str = "--checkpoint") -> str:
+    """A checkpoint folder, a run's ``out.dir`` or a ``checkpoints/latest`` pointer (its newest checkpoint), or
+    tiny-random."""
+    path = Path(text)
+    try:
+        if text == TINY_RANDOM:
+            return text
+        if path.is_file() and path.name == checkpoint.LATEST:
+            return str(checkpoint.resolve(checkpoint.LATEST, path.parent.parent))
+        run_latest = path / "checkpoints" / checkpoint.LATEST
+        if path.is_dir() and not (path / "config.json").is_file() and run_latest.is_file():
+            return str(checkpoint.resolve(checkpoint.LATEST, path))
+    except CheckpointError as exc:
+        raise EvalError(f"{flag} {text}: {exc}") from exc
+    if not (path / "config.json").is_file():
+        raise EvalError(f"{flag} {text}: not a checkpoint folder (no config.json), run folder or checkpoints/latest")
+    return text
+
+
+def labels_of(paths: list[str]) -> list[str]:
+    """Short unique names: ``<run>/step-N`` for engine checkpoints, else the folder name."""
+    out = []
+    for p in paths:
+        path = Path(p)
+        name = f"{path.parent.parent.name}/{path.name}" if path.parent.name == "checkpoints" else path.name or p
+        out.append(name if name not in out else f"{name}#{len(out)}")
+    return out
+
+
+def plan_inputs(record: Record) -> tuple[EgoState, fmt.Command]:
+    """Ego state and command from the planning prompt (2-decimal floats: ``plan_prompt`` rebuilds it exactly)."""
+    m = _PLAN_TEXT.search(record.user)
+    if m is None or m["cmd"] not in _COMMANDS:
+        raise RecordError(record.source, "not a planning prompt (no command / velocity / acceleration)", field="user")
+    return EgoState((float(m["vx"]), float(m["vy"])), (float(m["ax"]), float(m["ay"]))), _COMMANDS[m["cmd"]]
+
+
+def question_of(record: Record) -> str:
+    _, sep, question = record.user.partition("Question:")
+    return question.strip() if sep else record.user.replace(fmt.IMAGE_PLACEHOLDER, "").strip()
+
+
+def load_subject(path: str, label: str, args: argparse.Namespace, threshold: float, flag: str = "--checkpoint"
+                 ) -> Subject:
+    """The checkpoint on ``--device`` (fp32) with its decode settings: AR for next-token checkpoints, else blocks of
+    ``--block-size`` (default min(32, trained))."""
+    try:
+        bundle = load(path, device=args.device)
+        ar = bundle.meta.prediction == NEXT_TOKEN
+        block = 1 if ar else (args.block_size or min(DecodeSettings().block_size, bundle.meta.trained_block_size))
+        bundle.meta.check_block_size(block)
+        settings = DecodeSettings(block_size=block, steps=args.steps or DecodeSettings().steps, threshold=threshold,
+                                  max_new_tokens=args.max_new_tokens)
+    except WamDiffError as exc:  # CheckpointError / DecodeSettingsError: say which checkpoint
+        raise EvalError(f"{flag} {path}: {exc}") from exc
+    return Subject(path, label, bundle, settings)
+
+
+# -- open loop ------------------------------------------------------------------------------------------------------
+
+
+def _speed(plans: list[Plan]) -> dict:
+    calls = sum(p.stats.forward_calls for p in plans)
+    tokens = sum(p.stats.new_tokens for p in plans)
+    decode_s = sum(p.stats.decode_s for p in plans)
+    return {"forward_calls": calls, "new_tokens": tokens, "decode_s": decode_s,
+            "forward_calls_per_token": calls / tokens if tokens else math.nan,
+            "tokens_per_s": tokens / decode_s if decode_s > 0 else math.nan,
+            "latency_ms": 1e3 * sum(p.stats.vision_s + p.stats.prefill_s + p.stats.decode_s for p in plans)
+            / max(len(plans), 1)}
+
+
+def plan_row(planner: Planner, records: list[Record], images: dict, bar, threshold: float | None) -> dict:
+    """Decode every plan record; per-waypoint L2 against the reference answer (the exposure-bias curve)."""
+    plans, references = [], []
+    for r in records:
+        reference = fmt.parse_waypoints(r.answer)
+        if not reference.valid:
+            raise RecordError(r.source, f"the plan answer does not parse ({reference.reason})", field="answer")
+        ego, command = plan_inputs(r)
+        plans.append(planner.plan(images[r.image_path], ego, command))
+        references.append(reference.waypoints)
+        bar.update()
+    errors = waypoint_l2([p.waypoints if p.valid else p.text for p in plans], references)
+    return {"threshold": threshold, "plans": len(plans), "valid": errors.valid, "invalid": errors.invalid,
+            "invalid_rate": errors.invalid / len(plans) if plans else math.nan,
+            "l2_per_waypoint": errors.per_waypoint.tolist(), "l2_mean": errors.mean, **_speed(plans)}
+
+
+def _normalise(text: str) -> str:
+    return " ".join(text.casefold().split()).rstrip(".")
+
+
+def open_loop(subject: Subject, by_task: dict[str, list[Record]], thresholds: list[float], progress: bool) -> dict:
+    from tqdm import tqdm
+
+    images = {r.image_path: load_rgb(r.image_path) for rs in by_task.values() for r in rs}
+    sweep = [thresholds[0]] if subject.ar else thresholds  # a threshold does not change AR decoding
+    total = len(by_task["plan"]) * len(sweep) + len(by_task["detect"]) + len(by_task["ask"])
+    with tqdm(total=total, desc=f"decode {subject.label}", unit="rec", disable=not progress, file=sys.stderr) as bar:
+        rows = [plan_row(Planner(subject.bundle, dataclasses.replace(subject.settings, threshold=t)), by_task["plan"],
+                         images, bar, None if subject.ar else t) for t in sweep]
+        planner = Planner(subject.bundle, subject.settings)
+        detected = []
+        for r in by_task["detect"]:
+            detected.append(planner.detect(images[r.image_path]))
+            bar.update()
+        asked = []
+        for r in by_task["ask"]:
+            asked.append(planner.ask(images[r.image_path], question_of(r)))
+            bar.update()
+    detection = {"records": len(detected), "invalid": sum(not p.valid for p in detected), **_speed(detected),
+                 **detection_metrics([p.boxes if p.valid else [] for p in detected],  # a bad answer: no boxes
+                                     [fmt.parse_boxes(r.answer).boxes for r in by_task["detect"]])}
+    pairs = list(zip(asked, by_task["ask"]))
+    ask = {"records": len(pairs), **_speed(asked),
+           "exact_match": float(np.mean([p.text.strip() == r.answer.strip() for p, r in pairs])) if pairs else math.nan,
+           "normalised_match": float(np.mean([_normalise(p.text) == _normalise(r.answer) for p, r in pairs]))
+           if pairs else math.nan}
+    return {"plan": {"primary_threshold": rows[0]["threshold"], "sweep": rows}, "detection": detection, "ask": ask}
+
+
+# -- teacher forced -------------------------------------------------------------------------------------------------
+
+
+def _diffusion_states(subject: Subject, prompts: list, chunk: list, generator: torch.Generator) -> list:
+    """BD3 noisy states at the subject's decode block size: per-block mask rate stratified over [0, 1)."""
+    b, bundle = subject.settings.block_size, subject.bundle
+    answers = [answer_tokens(s, b, bundle.eos_token_id) for s in chunk]
+    return diffusion_batch(prompts, answers, b, bundle.mask_token_id, bundle.meta.prompt_block_size, NoiseConfig(),
+                           generator)
+
+
+def _overlap(student: Subject, teacher: Subject, layouts: list, prompts: list, chunk: list, k: int,
+             generator: torch.Generator) -> Overlap:
+    s, t = student.bundle, teacher.bundle
+    if student.ar == teacher.ar:  # same convention: both logits at the same rows of the same layouts
+        return model_overlap(t.model, s.model, layouts, k)
+    if teacher.ar:  # the AR logit at i-1 given the clean prefix vs the student's in-place logit at masked i
+        return ar_aligned_overlap(t.model, s.model, layouts, k, t.meta.prompt_block_size)
+    # an AR student under a diffusion teacher: the teacher's own noisy states, the student aligned to them
+    return ar_aligned_overlap(s.model, t.model, _diffusion_states(teacher, prompts, chunk, generator), k,
+                              s.meta.prompt_block_size)
+
+
+@torch.no_grad()
+def teacher_forced(subject: Subject, samples: dict[str, list], teacher: Subject | None, k: int, batch_size: int,
+                   seed: int) -> tuple[dict, dict | None]:
+    """Token accuracy and cross-entropy on fixed noisy states (same seed, same batches for every checkpoint), and
+    ρ_k against the teacher on the same states."""
+    bundle = subject.bundle
+    generator, teacher_generator = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+    per_task, parts = {}, []
+    correct = positions = nll = 0.0
+    for task, task_samples in samples.items():
+        hit = count = 0.0
+        for i in range(0, len(task_samples), batch_size):
+            chunk = task_samples[i:i + batch_size]
+            prompts = [prompt_inputs(s) for s in chunk]
+            layouts = ([ar_layout(p, s.answer_ids, bundle.meta.prompt_block_size) for p, s in zip(prompts, chunk)]
+                       if subject.ar else _diffusion_states(subject, prompts, chunk, generator))
+            out = forward_layouts(bundle.model, layouts)
+            n = int((out.labels != IGNORE).sum())
+            hit += token_accuracy(out.logits, out.labels) * n
+            nll += float(masked_cross_entropy(out.logits, out.labels)) * n
+            count += n
+            if teacher is not None:
+                parts.append(_overlap(subject, teacher, layouts, prompts, chunk, k, teacher_generator))
+        per_task[task] = hit / count if count else math.nan
+        correct, positions = correct + hit, positions + count
+    states = "next-token (shifted), clean prefix" if subject.ar else \
+        f"BD3 noisy states, B={subject.settings.block_size}, mask rate stratified U[0,1), seed {seed}"
+    accuracy = {"states": states, "positions": int(positions), "per_task": per_task,
+                "token_accuracy": correct / positions if positions else math.nan,
+                "cross_entropy": nll / positions if positions else math.nan}
+    if teacher is None:
+        return accuracy, None
+    rho = Overlap.combine(parts) if parts else Overlap(math.nan, 0, k)
+    how = ("AR-aligned (i-1 vs masked i)" if subject.ar != teacher.ar else
+           "next-token logits" if subject.ar else "in-place logits at masked positions")
+    return accuracy, {"k": k, "teacher": teacher.path, "value": rho.rho, "positions": rho.positions, "alignment": how}
+
+
+def check_teacher(teacher: Subject, subject: Subject) -> None:
+    t, s = teacher.bundle, subject.bundle
+    if (len(t.tokenizer), t.mask_token_id, t.eos_token_id) != (len(s.tokenizer), s.mask_token_id, s.eos_token_id):
+        raise EvalError(f"--teacher {teacher.path}: its tokenizer differs from {subject.path}'s (vocabulary size, "
+                        "[MASK] or EOS id): top-K overlap needs one vocabulary")
+
+
+# -- closed loop ----------------------------------------------------------------------------------------------------
+
+
+def closed_loop(model: str, baselines: str, out: Path, args: argparse.Namespace, decode: Subject | None) -> dict:
+    """``wamdiff-eval closed-loop`` in process (decoding as the open loop's first threshold does); its report's
+    totals per planner (paused mode)."""
+    from wamdiff_ros.world import evaluate
+
+    argv = ["closed-loop", "--model", model, "--baselines", baselines, "--scenarios", args.scenarios,
+            "--episodes", str(args.episodes), "--workers", str(args.workers), "--videos", "0", "--out", str(out),
+            *(["--scenario-file", args.scenario_file] if args.scenario_file else []),
+            *(["--threshold", str(decode.settings.threshold), "--block-size", str(decode.settings.block_size)]
+              if decode is not None and not decode.ar else []),
+            *(["--no-progress"] if args.no_progress else [])]
+    try:
+        code = evaluate.main(argv)
+    except SystemExit as exc:  # argparse's error exit
+        code = exc.code
+    if code != 0:
+        raise EvalError(f"closed loop of {model}: wamdiff-eval {' '.join(argv)} exited with {code}")
+    summary = json.loads((out / "report.json").read_text())["summary"]
+    planners = {g["planner"]: {key: g[key] for key in ("episodes", "ds", "ds_lo", "ds_hi", "sr", "rc", "penalty",
+                                                        "collisions_per_ep", "forward_calls_per_token")}
+                for g in summary["groups"] if g["mode"] == "paused"}
+    model_row = planners.pop("model", None)
+    return {"command_line": ["wamdiff-eval", *argv], "report": str(out / "report.json"),
+            **({"driving_score": model_row["ds"], "driving_score_ci": [model_row["ds_lo"], model_row["ds_hi"]],
+                "success_rate": model_row["sr"], "route_completion": model_row["rc"], "model": model_row}
+               if model_row else {}), **({"baselines": planners} if planners else {})}
+
+
+def _check_closed_loop(args: argparse.Namespace) -> None:
+    from wamdiff_ros.world.scenarios import ScenarioError, load_scenarios
+
+    if args.episodes < 1 or args.workers < 1:
+        raise EvalError(f"--episodes {args.episodes} and --workers {args.workers} must be >= 1")
+    try:
+        load_scenarios(args.scenario_file).select(args.scenarios)
+    except (ScenarioError, OSError) as exc:
+        raise EvalError(f"--scenarios / --scenario-file: {exc}") from exc
+
+
+# -- the run --------------------------------------------------------------------------------------------------------
+
+
+def evaluate(args: argparse.Namespace, argv: list[str]) -> dict:
+    """Every checkpoint on the split; returns what eval.json holds (paths are checked before any model loads)."""
+    began = time.perf_counter()
+    thresholds = parse_thresholds(args.thresholds)
+    paths = [resolve_checkpoint(p) for p in args.checkpoint]
+    teacher_path = resolve_checkpoint(args.teacher, "--teacher") if args.teacher else None
+    if args.k < 1 or args.batch_size < 1 or (args.max_samples is not None and args.max_samples < 1):
+        raise EvalError(f"--k {args.k}, --batch-size {args.batch_size} and --max-samples {args.max_samples} must "
+                        "be >= 1")
+    if args.closed_loop:
+        _check_closed_loop(args)
+    records = load_records(args.data, args.root)
+    by_task = {t: [r for r in records if r.task == t][: args.max_samples] for t in TASKS}
+    if not any(by_task.values()):
+        raise EvalError(f"--data {args.data}: no {', '.join(TASKS)} records")
+    teacher = load_subject(teacher_path, "teacher", args, thresholds[0], "--teacher") if teacher_path else None
+    out = Path(args.out)
+    entries = []
+    for path, label in zip(paths, labels_of(paths)):
+        subject = load_subject(path, label, args, thresholds[0])
+        if teacher is not None:
+            check_teacher(teacher, subject)
+        meta = subject.bundle.meta
+        entry = {"path": path, "label": label, "legend": subject.legend,
+                 "decode": {"mode": "ar" if subject.ar else "block", "prediction": meta.prediction,
+                            "trained_block_size": meta.trained_block_size, "prompt_attention": meta.prompt_attention,
+                            **dataclasses.asdict(subject.settings)}}
+        entry.update(open_loop(subject, by_task, thresholds, not args.no_progress))
+        samples = {t: [encode_record(subject.bundle, r) for r in rs] for t, rs in by_task.items() if rs}
+        entry["teacher_forced"], entry["rho"] = teacher_forced(subject, samples, teacher, args.k, args.batch_size,
+                                                               args.seed)
+        if args.closed_loop:
+            slug = re.sub(r"[^\w.-]+", "_", label)
+            entry["closed_loop"] = closed_loop(path, "none", out / "closed_loop" / slug, args, subject)
+        found = plots.find_metrics(path) if path != TINY_RANDOM else None
+        entry["metrics_csv"] = str(found) if found else None
+        entries.append(entry)
+        del subject, samples  # one model in memory at a time (plus the teacher)
+    result = {"command_line": ["wamdiff-train", "eval", *argv], "data": str(args.data),
+              "records": {t: len(rs) for t, rs in by_task.items()}, "thresholds": thresholds, "k": args.k,
+              "teacher": teacher_path, "seed": args.seed, "checkpoints": entries,
+              "exposure_bias": exposure_bias(entries)}
+    if args.closed_loop and args.baselines != "none":
+        result["closed_loop_baselines"] = closed_loop("none", args.baselines, out / "closed_loop" / "baselines", args,
+                                                      None)
+    result["wall_s"] = time.perf_counter() - began
+    return result
+
+
+def exposure_bias(entries: list[dict]) -> dict | None:
+    """Per-waypoint L2 of every checkpoint minus the first's (the paper's gap grows from wp 1 to wp 8)."""
+    if len(entries) < 2:
+        return None
+    ref = np.array(entries[0]["plan"]["sweep"][0]["l2_per_waypoint"], dtype=float)
+    out = {"reference": entries[0]["label"], "gap_per_waypoint": {}, "mean_change_pct": {}}
+    for e in entries[1:]:
+        own = np.array(e["plan"]["sweep"][0]["l2_per_waypoint"], dtype=float)
+        out["gap_per_waypoint"][e["label"]] = (own - ref).tolist()
+        out["mean_change_pct"][e["label"]] = float(100 * (own.mean() - ref.mean()) / ref.mean())
+    return out
+
+
+def parse_thresholds(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(0.0 < v <= 1.0 for v in values):
+        raise EvalError(f"--thresholds {text!r}: expected comma-separated confidences in (0, 1], e.g. 0.9,0.7,0.5")
+    return values
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="wamdiff-train eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", action="append", required=True, metavar="CKPT",
+                   help="checkpoint folder, run folder (its latest), checkpoints/latest, or tiny-random (repeatable)")
+    p.add_argument("--data", required=True, help="held-out records, e.g. out/data/tiny/test.json")
+    p.add_argument("--root", default=None, help="image root (default: the data file's folder)")
+    p.add_argument("--teacher", default=None, metavar="CKPT", help="teacher checkpoint for the top-K overlap rho_k")
+    p.add_argument("--k", type=int, default=5, help="K of rho_k (default 5)")
+    p.add_argument("--max-samples", type=int, default=None, metavar="N", help="at most N records per task")
+    p.add_argument("--thresholds", default="0.9", help="confidence thresholds to sweep, e.g. 0.9,0.7,0.5 (the "
+                   "first also decodes detect / ask and drives the closed loop)")
+    p.add_argument("--block-size", type=int, default=None, help="decode block size of diffusion checkpoints "
+                   "(default: min(32, trained))")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps per block at most (default 32)")
+    p.add_argument("--max-new-tokens", type=int, default=DecodeSettings().max_new_tokens)
+    p.add_argument("--batch-size", type=int, default=8, help="layouts per teacher-forced forward")
+    p.add_argument("--seed", type=int, default=0, help="seed of the noisy states")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--closed-loop", action="store_true", help="also run wamdiff-eval closed-loop per checkpoint")
+    p.add_argument("--episodes", type=int, default=10, help="closed loop: episodes per scenario")
+    p.add_argument("--scenarios", default="all", help="closed loop: comma-separated scenario names or all")
+    p.add_argument("--scenario-file", default=None, help="closed loop: a scenario YAML instead of the frozen set")
+    p.add_argument("--baselines", default="none", help="closed loop: baselines run once beside the checkpoints "
+                   "(expert,constant_velocity or none)")
+    p.add_argument("--workers", type=int, default=1, help="closed loop: worker processes")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        result = evaluate(args, argv)
+    except WamDiffError as exc:  # EvalError, RecordError, CheckpointError, ...: each names its input
+        print(f"wamdiff-train eval: error: {exc}", file=sys.stderr)
+        return 2
+    written = plots.write_outputs(result, Path(args.out))
+    for e in result["checkpoints"]:
+        row = e["plan"]["sweep"][0]
+        rho = "" if e["rho"] is None else f", rho{args.k} {e['rho']['value']:.3f}"
+        print(f"{e['legend']}: plan L2 {row['l2_mean']:.3f} m (wp8 {row['l2_per_waypoint'][-1]:.3f}), invalid "
+              f"{row['invalid']}/{row['plans']}, {row['forward_calls_per_token']:.3f} forwards/token, "
+              f"{row['tokens_per_s']:.0f} tokens/s, token acc {e['teacher_forced']['token_accuracy']:.3f}{rho}")
+    print("wrote " + " ".join(str(p) for p in written))
+    return 0
