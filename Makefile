@@ -98,7 +98,7 @@ bench: $(STAMP)
 # not installable by themselves: a name X is dropped when ros-X is in the freeze too.
 lock:
 	rm -rf /tmp/wamdiff-lock-venv && $(PYTHON) -m venv /tmp/wamdiff-lock-venv
-	/tmp/wamdiff-lock-venv/bin/pip install --quiet torch==2.13.0 -e '.[test]' $(ROS_RUNTIME) $(ROS_BUILD_TOOLS)
+	/tmp/wamdiff-lock-venv/bin/pip install --quiet torch==2.13.0 -e '.[test]' -e training $(ROS_RUNTIME) $(ROS_BUILD_TOOLS)
 	( sed -n '/^#/p' requirements.lock; \
 	  /tmp/wamdiff-lock-venv/bin/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' \
 	  | awk -F'==' '{n=tolower($$1); gsub(/[-_.]+/,"-",n); nm[NR]=n; ln[NR]=$$0; seen[n]=1} \

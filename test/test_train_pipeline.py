@@ -78,3 +78,14 @@ def test_adapt_curriculum_runs_each_phase_from_its_predecessor(data, tmp_path):
     assert sizes == [1, 4, 8]
     assert all((tmp_path / "ladder" / name / "metrics.csv").is_file() for name in ("b01", "b04", "b08"))
     assert cli.main(["distill", "--config", str(path), "--curriculum"]) == 2  # only adapt has a curriculum
+
+
+def test_metrics_go_to_csv_and_tensorboard(data, tmp_path):
+    raw = yaml.safe_load((ROOT / "training/configs/tiny_ar.yaml").read_text())
+    raw["data"]["train"] = [str(data)]
+    raw["train"].update(steps=2, warmup=1, batch_size=2)
+    raw["out"].update(dir=str(tmp_path / "run"), checkpoint_every=0, tensorboard=True)
+    train(from_dict(raw, "tiny_ar"), STAGES["ar"], "ar", progress=False)
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("step,") and len(rows) == 3
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))

@@ -9,6 +9,6 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["wamdiff_training", "wamdiff_training.*"]),
-    install_requires=["wamdiff_ros", "pyyaml>=6"],
+    install_requires=["wamdiff_ros", "pyyaml>=6", "tensorboard>=2.16"],
     entry_points={"console_scripts": ["wamdiff-train = wamdiff_training.cli:main"]},
 )
