@@ -17,8 +17,10 @@ from tqdm import tqdm
 
 from wamdiff_ros.world.closed_loop import (MODES, ConstantVelocityPlanner, EpisodeResult, ExpertPlanner, LoopConfig,
                                            ModelPlanner, run_episode)
-from wamdiff_ros.world.metrics import score_episode
+from wamdiff_ros.world.metrics import EpisodeLog, score_episode
+from wamdiff_ros.world.report import write_report
 from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE, ScenarioError, load_scenarios
+from wamdiff_ros.world.sim import World
 
 BASELINES = ("expert", "constant_velocity")
 DEFAULT_SEED = SPLIT_SEED_BASE["test"]  # held-out episodes: the dataset's training seeds never reach these
@@ -64,6 +66,16 @@ def _run_job(job: Job, config: dict) -> tuple[Job, dict, int, float]:
 
 def _run_star(args: tuple) -> tuple[Job, dict, int, float]:
     return _run_job(*args)
+
+
+def _results(work: list, init: tuple, workers: int):
+    """Episode results as they finish: a pool of spawned workers (one torch thread each), or in this process."""
+    if workers > 1:
+        with mp.get_context("spawn").Pool(workers, _init_worker, init) as pool:
+            yield from pool.imap_unordered(_run_star, work)
+    else:
+        _init_worker(*init)
+        yield from map(_run_star, work)
 
 
 def write_video(result: EpisodeResult, path: Path, camera, fps: float) -> Path:
@@ -141,26 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     init = (model, decode, args.scenario_file)
     work = [(job, config) for job in jobs]
     bar = tqdm(total=len(jobs), desc="episodes", unit="ep", disable=args.no_progress, file=sys.stderr)
-    if args.workers > 1:
-        with mp.get_context("spawn").Pool(args.workers, _init_worker, init) as pool:
-            for job, log, n, w in pool.imap_unordered(_run_star, work):
-                logs.append(log)
-                key = (job.planner, job.mode)
-                steps[key], wall[key] = steps.get(key, 0) + n, wall.get(key, 0.0) + w
-                bar.update()
-    else:
-        _init_worker(*init)
-        for item in work:
-            job, log, n, w = _run_star(item)
-            logs.append(log)
-            key = (job.planner, job.mode)
-            steps[key], wall[key] = steps.get(key, 0) + n, wall.get(key, 0.0) + w
-            bar.update()
+    for job, log, n, w in _results(work, init, args.workers):
+        logs.append(log)
+        key = (job.planner, job.mode)
+        steps[key], wall[key] = steps.get(key, 0) + n, wall.get(key, 0.0) + w
+        bar.update()
     bar.close()
-
-    from wamdiff_ros.world.metrics import EpisodeLog
-    from wamdiff_ros.world.report import write_report
-    from wamdiff_ros.world.sim import World
 
     episode_logs = [EpisodeLog.from_json(d) for d in logs]
     episode_logs.sort(key=lambda lg: (lg.planner, lg.mode, lg.scenario, lg.seed))
