@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from wamdiff_ros.carla_bridge import protocol
+from wamdiff_ros.carla_bridge import messages, protocol
 from wamdiff_ros.carla_bridge.client import PlannerClient, RemoteError
 from wamdiff_ros.carla_bridge.protocol import ErrorCode, MessageType
 
-EGO = protocol.ego_fields((5.0, 0.0), (0.2, 0.0), 5.0, (10.0, -3.0, 0.3), 12.5)
+EGO = messages.ego_fields((5.0, 0.0), (0.2, 0.0), 5.0, (10.0, -3.0, 0.3), 12.5)
 
 
 def _image(height=128, width=256):
@@ -25,7 +25,7 @@ def _image(height=128, width=256):
 
 def _plan_frame(request_id, image=None, command="left", ego=EGO, **extra):
     image = _image() if image is None else image
-    header, payload = protocol.plan_request(image.tobytes(), image.shape[0], image.shape[1], ego, command)
+    header, payload = messages.plan_request(image.tobytes(), image.shape[0], image.shape[1], ego, command)
     header.update(extra)
     return protocol.encode_frame(MessageType.PLAN, request_id, header, payload)
 
@@ -144,18 +144,18 @@ def test_malformed_json_and_unknown_type_are_recoverable():
 
 def test_message_field_checks_name_the_field():
     with pytest.raises(protocol.MalformedMessageError) as err:
-        protocol.check_ego({"ego": dict(EGO, velocity=[1.0, float("nan")])})
+        messages.check_ego({"ego": dict(EGO, velocity=[1.0, float("nan")])})
     assert err.value.field == "ego.velocity"
     with pytest.raises(protocol.MalformedMessageError) as err:
-        protocol.check_ego({"ego": dict(EGO, pose=[1.0, 2.0])})
+        messages.check_ego({"ego": dict(EGO, pose=[1.0, 2.0])})
     assert err.value.field == "ego.pose"
     with pytest.raises(protocol.MalformedMessageError) as err:
-        protocol.check_command({"command": "uturn"})
+        messages.check_command({"command": "uturn"})
     assert err.value.field == "command"
     header = {"image": {"encoding": "rgb8", "height": 4, "width": 4}}
-    assert protocol.check_image(header, b"\x00" * 48) == ("rgb8", 4, 4)
+    assert messages.check_image(header, b"\x00" * 48) == ("rgb8", 4, 4)
     with pytest.raises(protocol.MalformedMessageError) as err:
-        protocol.check_image(header, b"\x00" * 47)
+        messages.check_image(header, b"\x00" * 47)
     assert err.value.field == "payload"
 
 
@@ -169,7 +169,7 @@ def test_png_encoder_round_trips_through_pil():
     from PIL import Image
 
     image = _image(37, 53)
-    png = protocol.encode_png(image.tobytes(), 37, 53)
+    png = messages.encode_png(image.tobytes(), 37, 53)
     with Image.open(io.BytesIO(png)) as img:
         assert np.array_equal(np.asarray(img.convert("RGB")), image)
 
@@ -222,7 +222,7 @@ def test_server_plans_and_controls(server):
         assert plan["stamp"] == EGO["t"] and plan["stats"]["new_tokens"] > 0
         _check_control(reply["control"])
         assert reply["latency"]["plan_s"] > 0 and reply["latency"]["server_s"] >= reply["latency"]["plan_s"]
-        later = protocol.ego_fields((5.0, 0.0), (0.0, 0.0), 5.0, (10.25, -3.0, 0.3), EGO["t"] + 0.05)
+        later = messages.ego_fields((5.0, 0.0), (0.0, 0.0), 5.0, (10.25, -3.0, 0.3), EGO["t"] + 0.05)
         control = client.control(later)
         _check_control(control["control"])
         assert control["plan_age_s"] == pytest.approx(0.05)
@@ -350,7 +350,7 @@ def test_request_past_its_deadline_is_not_planned(stub_server):
         busy.sendall(_plan_frame(1))  # holds the planner for 1 s
         time.sleep(0.3)
         with PlannerClient(address, timeout_s=5.0) as client:
-            header, payload = protocol.plan_request(_image().tobytes(), 128, 256, EGO, "left", deadline_s=0.1)
+            header, payload = messages.plan_request(_image().tobytes(), 128, 256, EGO, "left", deadline_s=0.1)
             with pytest.raises(RemoteError) as err:
                 client.request(MessageType.PLAN, header, payload, timeout_s=5.0)
             assert err.value.code == ErrorCode.TIMEOUT.value

@@ -29,7 +29,7 @@ try:
 except ImportError:  # loaded by file path without the repository on PYTHONPATH
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from wamdiff_ros.carla_bridge import frames, protocol  # noqa: E402
+from wamdiff_ros.carla_bridge import frames, messages, protocol  # noqa: E402
 from wamdiff_ros.carla_bridge.client import PlannerClient, RemoteError, ServerUnavailableError  # noqa: E402
 from wamdiff_ros.carla_bridge.localization import PoseFilter  # noqa: E402
 from wamdiff_ros.carla_bridge.metric_log import MetricLog, resolve_directory  # noqa: E402
@@ -368,7 +368,7 @@ class WamDiffAgent(AutonomousAgent):
         pose = self._pose.update(position, heading, speed, t)
         command = self._route.update(pose[0], pose[1]) if self._route is not None else "follow"
         self.last_command = command
-        return rgb, protocol.ego_fields((speed, 0.0), acceleration, speed, pose, t), command
+        return rgb, messages.ego_fields((speed, 0.0), acceleration, speed, pose, t), command
 
     def _ask(self, rgb: np.ndarray, ego: Dict[str, Any], command: str) -> Tuple[Any, str, Optional[float]]:
         cfg = self.config

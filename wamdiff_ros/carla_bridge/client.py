@@ -9,7 +9,7 @@ import socket  # noqa: F401  (type comments)
 import time
 from typing import Any, Dict, Optional
 
-from wamdiff_ros.carla_bridge import protocol
+from wamdiff_ros.carla_bridge import messages, protocol
 from wamdiff_ros.carla_bridge.protocol import Frame, MessageType
 from wamdiff_ros.errors import WamDiffError
 
@@ -99,9 +99,9 @@ class PlannerClient(object):
 
     def plan(self, rgb: bytes, height: int, width: int, ego: Dict[str, Any], command: str, encoding: str = "rgb8",
              timeout_s: Optional[float] = None) -> Dict[str, Any]:
-        """``rgb``: row-major H x W x 3 bytes; ``ego``: ``protocol.ego_fields(...)``. Returns the reply header."""
+        """``rgb``: row-major H x W x 3 bytes; ``ego``: ``messages.ego_fields(...)``. Returns the reply header."""
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
-        header, payload = protocol.plan_request(rgb, height, width, ego, command, encoding, deadline_s=timeout)
+        header, payload = messages.plan_request(rgb, height, width, ego, command, encoding, deadline_s=timeout)
         return self.request(MessageType.PLAN, header, payload, timeout).header
 
     def control(self, ego: Dict[str, Any], timeout_s: Optional[float] = None) -> Dict[str, Any]:

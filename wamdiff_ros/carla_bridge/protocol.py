@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 import select
 import socket
 import struct
 import time
-import zlib
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from wamdiff_ros.errors import FieldError, WamDiffError
@@ -397,102 +395,3 @@ def connect(address: str, timeout_s: float = 2.0) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.settimeout(None)
     return sock
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Message fields (shared by both sides, so both refuse the same things)
-
-
-def _finite_numbers(value: Any, field: str, count: int, request_id: Optional[int]) -> List[float]:
-    if not isinstance(value, (list, tuple)) or len(value) != count:
-        raise MalformedMessageError(field, "expected %d numbers, got %r" % (count, value), request_id)
-    out = []
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise MalformedMessageError(field, "expected finite numbers, got %r" % (value,), request_id)
-        out.append(float(v))
-    return out
-
-
-def _finite(value: Any, field: str, request_id: Optional[int]) -> float:
-    return _finite_numbers([value], field, 1, request_id)[0]
-
-
-def ego_fields(velocity: Tuple[float, float], acceleration: Tuple[float, float], speed: float,
-               pose: Tuple[float, float, float], t: float) -> Dict[str, Any]:
-    """The ``ego`` object: velocity / acceleration in the ego frame, signed speed along the heading, the pose (x, y,
-    heading) in a right-handed world frame (for ego-motion compensation between requests), sim time ``t``."""
-    return {"velocity": [float(v) for v in velocity], "acceleration": [float(a) for a in acceleration],
-            "speed": float(speed), "pose": [float(p) for p in pose], "t": float(t)}
-
-
-def check_ego(header: Dict[str, Any], request_id: Optional[int] = None) -> Dict[str, Any]:
-    ego = header.get("ego")
-    if not isinstance(ego, dict):
-        raise MalformedMessageError("ego", "missing (an object with velocity, acceleration, speed, pose, t)",
-                                    request_id)
-    return {
-        "velocity": _finite_numbers(ego.get("velocity"), "ego.velocity", 2, request_id),
-        "acceleration": _finite_numbers(ego.get("acceleration", [0.0, 0.0]), "ego.acceleration", 2, request_id),
-        "speed": _finite(ego.get("speed"), "ego.speed", request_id),
-        "pose": _finite_numbers(ego.get("pose"), "ego.pose", 3, request_id),
-        "t": _finite(ego.get("t"), "ego.t", request_id),
-    }
-
-
-def check_image(header: Dict[str, Any], payload: bytes, request_id: Optional[int] = None) -> Tuple[str, int, int]:
-    """(encoding, height, width) of a plan request's image, checked against the payload."""
-    image = header.get("image")
-    if not isinstance(image, dict):
-        raise MalformedMessageError("image", "missing (an object with encoding, height, width)", request_id)
-    encoding = image.get("encoding")
-    if encoding not in IMAGE_ENCODINGS:
-        raise MalformedMessageError("image.encoding", "expected one of %s, got %r"
-                                    % (", ".join(IMAGE_ENCODINGS), encoding), request_id)
-    size = []
-    for key in ("height", "width"):
-        v = image.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 16384:
-            raise MalformedMessageError("image." + key, "expected a whole number in 1..16384, got %r" % (v,),
-                                        request_id)
-        size.append(v)
-    height, width = size
-    if encoding == "rgb8" and len(payload) != height * width * 3:
-        raise MalformedMessageError("payload", "rgb8 %dx%d needs %d bytes, got %d"
-                                    % (width, height, height * width * 3, len(payload)), request_id)
-    if encoding == "png" and not payload.startswith(b"\x89PNG\r\n\x1a\n"):
-        raise MalformedMessageError("payload", "not a PNG file", request_id)
-    return encoding, height, width
-
-
-def check_command(header: Dict[str, Any], request_id: Optional[int] = None) -> str:
-    command = header.get("command")
-    if command not in COMMANDS:
-        raise MalformedMessageError("command", "expected one of %s, got %r" % (", ".join(COMMANDS), command),
-                                    request_id)
-    return command
-
-
-def plan_request(rgb: bytes, height: int, width: int, ego: Dict[str, Any], command: str,
-                 encoding: str = "rgb8", deadline_s: Optional[float] = None) -> Tuple[Dict[str, Any], bytes]:
-    """(JSON header, payload) of a ``PLAN`` request from raw RGB bytes (row-major H x W x 3)."""
-    if len(rgb) != height * width * 3:
-        raise FieldError("image", "%dx%d RGB needs %d bytes, got %d" % (width, height, height * width * 3, len(rgb)))
-    payload = encode_png(rgb, height, width) if encoding == "png" else bytes(rgb)
-    header = {"image": {"encoding": encoding, "height": height, "width": width}, "ego": ego, "command": command}
-    if deadline_s is not None:
-        header["deadline_s"] = float(deadline_s)
-    return header, payload
-
-
-def encode_png(rgb: bytes, height: int, width: int, level: int = 1) -> bytes:
-    """A minimal 8-bit RGB PNG (filter 0 on every row), stdlib only."""
-    stride = width * 3
-    rows = b"".join(b"\x00" + bytes(rgb[r * stride:(r + 1) * stride]) for r in range(height))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows, level))
-            + chunk(b"IEND", b""))

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wamdiff_ros.carla_bridge import protocol
+from wamdiff_ros.carla_bridge import messages, protocol
 from wamdiff_ros.carla_bridge.protocol import ErrorCode, Frame, MessageType
 from wamdiff_ros.control import CarlaActuator, FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
 from wamdiff_ros.errors import FieldError, InputError, WamDiffError
@@ -267,9 +267,9 @@ class PlannerServer:
 
     def _plan_job(self, frame: Frame) -> _PlanJob:
         h, rid = frame.header, frame.request_id
-        ego = protocol.check_ego(h, rid)
-        command = protocol.check_command(h, rid)
-        encoding, height, width = protocol.check_image(h, frame.payload, rid)
+        ego = messages.check_ego(h, rid)
+        command = messages.check_command(h, rid)
+        encoding, height, width = messages.check_image(h, frame.payload, rid)
         if encoding == "rgb8":
             image = np.frombuffer(frame.payload, dtype=np.uint8).reshape(height, width, 3)
         else:
@@ -361,7 +361,7 @@ class PlannerServer:
         self._reply(sock, MessageType.PLAN_REPLY, rid, header)
 
     def _control(self, sock: socket.socket, session: Session, frame: Frame) -> None:
-        ego = protocol.check_ego(frame.header, frame.request_id)
+        ego = messages.check_ego(frame.header, frame.request_id)
         if session.time_jumped(ego["t"]):
             self._count(resets=1)
         control = session.control(ego)
