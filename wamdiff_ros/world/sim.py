@@ -110,13 +110,13 @@ class World:
 
     def _place_traffic(self, candidates: list[tuple[LaneIndex, float]], count: int, min_gap: float, speeds,
                        destinations: list[str] | None = None, keep_clear_m: float = 25.0) -> None:
-        placed: list[np.ndarray] = [self.ego.position]
+        placed: list[np.ndarray] = []
         for i in self.rng.permutation(len(candidates)):
-            if len(placed) > count:
+            if len(placed) >= count:
                 break
             lane_index, s = candidates[i]
             p = self.road.network.get_lane(lane_index).position(s, 0.0)
-            gap = keep_clear_m if not placed else min(np.linalg.norm(p - q) for q in placed[1:] or [p + 1e3])
+            gap = min((float(np.linalg.norm(p - q)) for q in placed), default=math.inf)
             if np.linalg.norm(p - self.ego.position) < keep_clear_m or gap < min_gap:
                 continue
             dest = str(self.rng.choice(destinations)) if destinations else None
