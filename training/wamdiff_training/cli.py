@@ -20,7 +20,7 @@ from wamdiff_training.stages import NAMES, STAGES
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wamdiff-train", description=__doc__.split("\n\n")[0],
-                                epilog="Evaluation: wamdiff-train eval --help")
+                                epilog="Evaluation: wamdiff-train eval --help; the whole tiny hierarchy: wamdiff-train hierarchy --help")
     p.add_argument("stage", choices=NAMES, help="ar: phase 1 AR pretraining; adapt: Stage I (one curriculum phase "
                    "per run, adapt.block_size); distill: Stage II block-wise; cross-scale: Stage III model-wise")
     p.add_argument("--config", required=True, help="YAML config, e.g. training/configs/tiny_ar.yaml")
@@ -39,10 +39,14 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["eval"]:  # a command of its own (no --config): kept apart from the stage parser
+    if argv[:1] == ["eval"]:  # commands of their own (no --config): kept apart from the stage parser
         from wamdiff_training import evaluation
 
         return evaluation.main(argv[1:])
+    if argv[:1] == ["hierarchy"]:
+        from wamdiff_training import hierarchy
+
+        return hierarchy.main(argv[1:])
     args = parser().parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,

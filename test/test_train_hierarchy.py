@@ -1,0 +1,64 @@
+"""`wamdiff-train hierarchy`: the whole tiny hierarchy in order, each step from its predecessor, resumable."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+try:
+    import wamdiff_training  # noqa: F401
+except ImportError:  # not installed: use the source tree
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+
+from wamdiff_ros.cli import load_rgb
+from wamdiff_ros.planner import EgoState, Planner
+from wamdiff_training.cli import main
+from wamdiff_training.hierarchy import load_plan, plan_steps
+
+
+def test_hierarchy_runs_in_order_skips_what_is_done_and_resumes(tmp_path, capsys):
+    plan = {"root": str(tmp_path / "h"), "scenarios": "highway", "episodes": 1, "batch_size": 2, "ar_steps": 2,
+            "checkpoint_every": 1,
+            "teacher": {"hidden": 128, "layers": 4, "seed": 0}, "student": {"hidden": 64, "layers": 2, "seed": 1},
+            "curriculum": [1, 4, 8], "adapt_steps": 1, "distill_teacher_block": 4, "distill_steps": 1,
+            "cross_scale_steps": 1}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    names = [s.name for s in plan_steps(load_plan(path))]
+    assert names == ["teacher/ar", "teacher/adapt/b01", "teacher/adapt/b04", "teacher/adapt/b08", "teacher/distill",
+                     "student/ar", "student/adapt/b01", "student/adapt/b04", "student/adapt/b08", "student/distill",
+                     "student/cross_scale"]
+
+    assert main(["hierarchy", "--plan", str(path), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("trained (0 -> ") == len(names)
+    root = Path(plan["root"])
+    final = root / "student" / "cross_scale" / "checkpoints" / "step-000001"
+    assert json.loads((final / "config.json").read_text())["text_config"]["hidden_size"] == 64  # the student
+    teacher = root / "teacher" / "distill" / "checkpoints" / "step-000001"
+    assert json.loads((teacher / "config.json").read_text())["text_config"]["hidden_size"] == 128
+    meta = json.loads((final / "wamdiff.json").read_text())
+    assert (meta["prediction"], meta["trained_block_size"]) == ("in_place", 8)
+
+    record = next(r for r in json.loads((root / "data" / "test.json").read_text()) if r["task"] == "plan")
+    m = record["meta"]
+    plan_out = Planner.from_pretrained(str(final)).plan(load_rgb(root / "data" / record["image"]),
+                                                        EgoState(tuple(m["velocity"]), tuple(m["acceleration"])),
+                                                        m["command"])
+    assert plan_out.valid, plan_out.reason
+
+    assert main(["hierarchy", "--plan", str(path), "--no-progress"]) == 0  # again: nothing left to do
+    assert capsys.readouterr().out.count("done (") == len(names)
+
+    # a kill after the student's AR step 1: its step-2 checkpoint never landed; the next call resumes from step 1
+    ar = root / "student" / "ar" / "checkpoints"
+    shutil.rmtree(ar / "step-000002")
+    (ar / "latest").write_text("step-000001\n")
+    assert main(["hierarchy", "--plan", str(path), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "student/ar           trained (1 -> 2 steps)" in out and out.count("done (") == len(names) - 1
+    assert main(["hierarchy", "--plan", str(path), "--set", "nope=1"]) == 2

@@ -1,0 +1,191 @@
+"""``wamdiff-train hierarchy --plan FILE``: the whole three-stage hierarchy on tiny models, resumable.
+
+Order (anchors §1): world data -> AR pretraining of a teacher and a smaller student -> Stage I curriculum
+(B = 1 -> ... -> 32) for both -> Stage II for both (each model's small-block phase teaches its B = 32 phase) ->
+Stage III (the teacher's B = 32 model -> the student). Every step is skipped when its run already reached its
+steps and resumed from its last checkpoint when it was cut short, so after a kill the same command goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from wamdiff_ros.errors import CheckpointError
+from wamdiff_training import checkpoint
+from wamdiff_training.config import ConfigError, load_config
+
+log = logging.getLogger("wamdiff_training")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@dataclass(slots=True)
+class ModelPlan:
+    hidden: int
+    layers: int
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class HierarchyPlan:
+    root: str
+    scenarios: str = "all"
+    episodes: int = 20  # per scenario and training split
+    workers: int = 1
+    teacher: ModelPlan = field(default_factory=lambda: ModelPlan(128, 4, 0))
+    student: ModelPlan = field(default_factory=lambda: ModelPlan(64, 2, 1))
+    batch_size: int = 8
+    checkpoint_every: int = 100  # a killed step resumes from its last one
+    ar_steps: int = 600
+    curriculum: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32])
+    adapt_steps: int = 200  # per curriculum phase
+    distill_teacher_block: int = 8
+    distill_steps: int = 200
+    cross_scale_steps: int = 200
+
+
+@dataclass(slots=True)
+class Step:
+    name: str  # e.g. "student/adapt/b08"
+    stage: str  # the wamdiff-train stage
+    base: str  # the tiny config file it starts from
+    out_dir: Path
+    steps: int
+    overrides: list[str]
+
+
+def load_plan(path: str | Path) -> HierarchyPlan:
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    known = set(HierarchyPlan.__slots__)
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(str(path), sorted(unknown)[0], f"unknown key; known: {', '.join(sorted(known))}")
+    if "root" not in raw:
+        raise ConfigError(str(path), "root", "missing: the folder every run of the hierarchy writes into")
+    for key in ("teacher", "student"):
+        if key in raw:
+            raw[key] = ModelPlan(**raw[key])
+    return HierarchyPlan(**raw)
+
+
+def _latest(out_dir: Path) -> Path | None:
+    try:
+        return checkpoint.resolve(checkpoint.LATEST, out_dir)
+    except CheckpointError:  # no run yet: start fresh
+        return None
+
+
+def _done_steps(out_dir: Path) -> int:
+    latest = _latest(out_dir)
+    return int(latest.name.split("-")[-1]) if latest is not None else 0
+
+
+def plan_steps(plan: HierarchyPlan) -> list[Step]:
+    """Every training run, in order. ``model.init`` / teacher paths point at the predecessor's run folder and are
+    resolved to its latest checkpoint when the step starts (``@run:<dir>``)."""
+    root, data = Path(plan.root), Path(plan.root) / "data" / "train.json"
+    common = [f"data.train=[{data}]", f"train.batch_size={plan.batch_size}",
+              f"out.checkpoint_every={plan.checkpoint_every}", "out.keep=2"]
+    steps: list[Step] = []
+    for who in ("teacher", "student"):
+        m: ModelPlan = getattr(plan, who)
+        ar_dir = root / who / "ar"
+        steps.append(Step(f"{who}/ar", "ar", "tiny_ar", ar_dir, plan.ar_steps, [
+            *common, f"model.tiny.hidden={m.hidden}", f"model.tiny.layers={m.layers}", f"model.tiny.seed={m.seed}"]))
+        previous = ar_dir
+        for b in plan.curriculum:
+            out = root / who / "adapt" / f"b{b:02d}"
+            steps.append(Step(f"{who}/adapt/b{b:02d}", "adapt", "tiny_adapt", out, plan.adapt_steps, [
+                *common, f"model.init=@run:{previous}", f"adapt.block_size={b}"]))
+            previous = out
+        small = root / who / "adapt" / f"b{plan.distill_teacher_block:02d}"
+        steps.append(Step(f"{who}/distill", "distill", "tiny_distill", root / who / "distill", plan.distill_steps, [
+            *common, f"model.init=@run:{previous}", f"distill.teacher=@run:{small}",
+            f"distill.teacher_block_size={plan.distill_teacher_block}", f"distill.block_size={plan.curriculum[-1]}"]))
+    steps.append(Step("student/cross_scale", "cross-scale", "tiny_cross_scale", root / "student" / "cross_scale",
+                      plan.cross_scale_steps, [
+                          *common, f"model.init=@run:{root / 'student' / 'distill'}",
+                          f"cross_scale.teacher=@run:{root / 'teacher' / 'distill'}",
+                          "cross_scale.teacher_kind=diffusion", f"cross_scale.block_size={plan.curriculum[-1]}"]))
+    return steps
+
+
+def _resolve(override: str) -> str:
+    key, _, value = override.partition("=")
+    if not value.startswith("@run:"):
+        return override
+    latest = _latest(Path(value[len("@run:"):]))
+    if latest is None:
+        raise ConfigError("hierarchy", key, f"its predecessor {value[5:]} has no checkpoint yet")
+    return f"{key}={latest}"
+
+
+def ensure_data(plan: HierarchyPlan, progress: bool) -> Path:
+    out = Path(plan.root) / "data"
+    if (out / "train.json").is_file() and (out / "test.json").is_file():
+        return out
+    from wamdiff_ros.world.dataset import main as export
+
+    args = ["generate", "--scenarios", plan.scenarios, "--episodes", str(plan.episodes), "--split", "train,val,test",
+            "--workers", str(plan.workers), "--out", str(out), "--overwrite"]
+    if export(args + ([] if progress else ["--no-progress"])) != 0:
+        raise RuntimeError(f"the world's data export into {out} failed")
+    return out
+
+
+def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False) -> list[tuple[str, str, Path | None]]:
+    """Runs what is missing; returns (step, what happened, its last checkpoint) per step."""
+    from wamdiff_training.engine import train
+    from wamdiff_training.stages import STAGES
+
+    report = []
+    if not dry_run:
+        ensure_data(plan, progress)
+    for step in plan_steps(plan):
+        done = _done_steps(step.out_dir)
+        if done >= step.steps:
+            report.append((step.name, f"done ({done} steps)", _latest(step.out_dir)))
+            continue
+        if dry_run:
+            report.append((step.name, f"to run ({done}/{step.steps} steps)", None))
+            continue
+        overrides = [_resolve(o) for o in step.overrides] + [
+            f"train.steps={step.steps}", f"train.warmup={min(20, max(1, step.steps // 10))}", f"out.dir={step.out_dir}"]
+        config = load_config(CONFIGS / f"{step.base}.yaml", overrides)
+        log.info("hierarchy: %s (%s, %d steps%s)", step.name, step.stage, step.steps,
+                 f", resuming at {done}" if done else "")
+        result = train(config, STAGES[step.stage], step.stage, resume=checkpoint.LATEST if done else None,
+                       progress=progress)
+        report.append((step.name, f"trained ({done} -> {result.steps} steps)", result.checkpoint))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="wamdiff-train hierarchy", description=__doc__.split("\n\n")[0])
+    p.add_argument("--plan", default=str(CONFIGS / "tiny_hierarchy.yaml"), help="hierarchy plan YAML")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a plan field, e.g. --set root=out/tiny --set ar_steps=100")
+    p.add_argument("--dry-run", action="store_true", help="list the steps and what is done, run nothing")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s wamdiff-train: %(message)s", datefmt="%H:%M:%S")
+    try:
+        plan = load_plan(args.plan)
+        for assignment in args.overrides:
+            key, _, value = assignment.partition("=")
+            if key not in HierarchyPlan.__slots__ or key in ("teacher", "student"):
+                raise ConfigError("--set", key, "not a plain plan field")
+            setattr(plan, key, yaml.safe_load(value))
+        report = run(plan, progress=not args.no_progress, dry_run=args.dry_run)
+    except (ConfigError, OSError, RuntimeError, ValueError) as exc:
+        print(f"wamdiff-train hierarchy: error: {exc}", file=sys.stderr)
+        return 2
+    width = max(len(name) for name, _, _ in report)
+    for name, what, ckpt in report:
+        print(f"{name:<{width}}  {what:<28}  {ckpt or ''}")
+    return 0
