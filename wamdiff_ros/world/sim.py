@@ -89,7 +89,6 @@ class World:
         self.geometry = self._geometry()
         self._k = 0
         self.progress_m, self.on_route = self.route.start_m, True
-        self._max_progress = self.progress_m
         self._still_s = self._wrong_s = 0.0
         self._prev_velocity = self._velocity_world()
         self.acceleration_world = np.zeros(2)
@@ -308,9 +307,7 @@ class World:
             raise RuntimeError(f"episode already ended ({self.end_reason})")
         self.ego.action = {"acceleration": float(acceleration),
                            "steering": -float(np.clip(steer, -MAX_STEER_RAD, MAX_STEER_RAD))}
-        self.road.act()
-        self.ego.action = {"acceleration": float(acceleration),
-                           "steering": -float(np.clip(steer, -MAX_STEER_RAD, MAX_STEER_RAD))}
+        self.road.act()  # the ego is a plain Vehicle: act(None) keeps the action set above
         self.road.step(self.dt)
         keep = [self.ego]
         for v in self.road.vehicles[1:]:
@@ -372,7 +369,6 @@ class World:
         r, pos = self.route, self.ego.position
         self._k, self.progress_m, distance = r.locate(self._k, pos)
         self.on_route = distance <= 0.0
-        self._max_progress = max(self._max_progress, self.progress_m)
         on_other = not self.on_route and any(
             lane.on_lane(pos) for lane in self.road.network.lanes_list() if lane not in r.lanes)
         self._wrong_s = self._wrong_s + self.dt if on_other else 0.0
