@@ -43,3 +43,22 @@ def road_image() -> np.ndarray:
     from wamdiff_ros.cli import load_rgb, sample_image_path
 
     return load_rgb(sample_image_path())
+
+
+# Closed-loop tests run the frozen v1 scenarios with every time limit cut to this, so episodes fit in CI.
+SHORT_SCENARIO_S = 3.0
+
+
+@pytest.fixture(scope="session")
+def short_scenario_file(tmp_path_factory):
+    """A copy of the frozen v1 scenario file with every ``duration_s`` set to SHORT_SCENARIO_S."""
+    from pathlib import Path
+
+    import yaml
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "wamdiff_ros/world/scenarios_v1.yaml").read_text())
+    for spec in raw["scenarios"].values():
+        spec["duration_s"] = SHORT_SCENARIO_S
+    path = tmp_path_factory.mktemp("scenarios") / "short.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 try:
     import wamdiff_training  # noqa: F401
@@ -34,7 +33,7 @@ THRESHOLDS = (0.9, 0.5)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> tuple[Path, dict, dict]:
+def run(tmp_path_factory, short_scenario_file) -> tuple[Path, dict, dict]:
     """(out, eval.json, paths) of one full ``wamdiff-train eval``."""
     base = tmp_path_factory.mktemp("train_eval")
     assert export(["generate", "--scenarios", "highway", "--episodes", "1", "--max-seconds", "2", "--out",
@@ -51,15 +50,11 @@ def run(tmp_path_factory) -> tuple[Path, dict, dict]:
     with torch.no_grad():
         block.model.model.language_model.norm.weight.mul_(LOGIT_SCALE)
     save_checkpoint(block, base / "b8")
-    scenarios = yaml.safe_load((ROOT / "wamdiff_ros/world/scenarios_v1.yaml").read_text())
-    for spec in scenarios["scenarios"].values():
-        spec["duration_s"] = 2.0
-    (base / "short.yaml").write_text(yaml.safe_dump(scenarios))
     out = base / "eval"
     argv = ["eval", "--checkpoint", str(ar_run), "--checkpoint", str(base / "b8"), "--data",
             str(base / "data" / "test.json"), "--teacher", str(base / "b8"), "--max-samples", "2",
             "--thresholds", ",".join(map(str, THRESHOLDS)), "--closed-loop", "--episodes", "1", "--scenarios",
-            "highway", "--scenario-file", str(base / "short.yaml"), "--out", str(out), "--no-progress"]
+            "highway", "--scenario-file", str(short_scenario_file), "--out", str(out), "--no-progress"]
     assert train_main(argv) == 0  # through the wamdiff-train CLI's dispatch
     return out, json.loads((out / "eval.json").read_text()), {"ar_run": ar_run, "b8": base / "b8", "base": base}
 

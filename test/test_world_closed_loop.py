@@ -5,13 +5,13 @@ model driving a few seconds in both modes."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from wamdiff_ros import format as fmt
+from conftest import SHORT_SCENARIO_S
+
 from wamdiff_ros.world import closed_loop
 from wamdiff_ros.world.camera import CameraConfig
 from wamdiff_ros.world.closed_loop import (
@@ -29,21 +29,15 @@ from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE, load_scenarios
 from wamdiff_ros.world.sim import World
 
 SEED = SPLIT_SEED_BASE["test"]
-V1_FILE = Path(__file__).resolve().parents[1] / "wamdiff_ros" / "world" / "scenarios_v1.yaml"
-SHORT_S = 3.0
+SHORT_S = SHORT_SCENARIO_S
 SLEEP_S = 0.1
 HW_FACTOR = 3.0
 
 
 @pytest.fixture(scope="module")
-def short_set(tmp_path_factory):
+def short_set(short_scenario_file):
     """The v1 scenarios with every duration cut to 3 s."""
-    raw = yaml.safe_load(V1_FILE.read_text())
-    for spec in raw["scenarios"].values():
-        spec["duration_s"] = SHORT_S
-    path = tmp_path_factory.mktemp("scenarios") / "short.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return load_scenarios(path)
+    return load_scenarios(short_scenario_file)
 
 
 class SleepyStraight:

@@ -8,23 +8,15 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
+
+from conftest import SHORT_SCENARIO_S as SHORT_S
 
 from wamdiff_ros.world.evaluate import DEFAULT_SEED, main
 from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE
 
-V1_FILE = Path(__file__).resolve().parents[1] / "wamdiff_ros" / "world" / "scenarios_v1.yaml"
-SHORT_S = 3.0
-
-
 @pytest.fixture(scope="module")
-def short_yaml(tmp_path_factory) -> str:
-    raw = yaml.safe_load(V1_FILE.read_text())
-    for spec in raw["scenarios"].values():
-        spec["duration_s"] = SHORT_S
-    path = tmp_path_factory.mktemp("scenarios") / "short.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return str(path)
+def short_yaml(short_scenario_file) -> str:
+    return str(short_scenario_file)
 
 
 def run(out: Path, short_yaml: str, *extra: str, model: str | None = "none", scenarios: str = "highway,roundabout",
