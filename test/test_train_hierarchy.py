@@ -25,7 +25,7 @@ def test_hierarchy_runs_in_order_skips_what_is_done_and_resumes(tmp_path, capsys
             "checkpoint_every": 1,
             "teacher": {"hidden": 128, "layers": 4, "seed": 0}, "student": {"hidden": 64, "layers": 2, "seed": 1},
             "curriculum": [1, 4, 8], "adapt_steps": 1, "distill_teacher_block": 4, "distill_steps": 1,
-            "cross_scale_steps": 1}
+            "cross_scale_steps": 1, "ablations": False}
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
     names = [s.name for s in plan_steps(load_plan(path))]
@@ -62,3 +62,16 @@ def test_hierarchy_runs_in_order_skips_what_is_done_and_resumes(tmp_path, capsys
     out = capsys.readouterr().out
     assert "student/ar           trained (1 -> 2 steps)" in out and out.count("done (") == len(names) - 1
     assert main(["hierarchy", "--plan", str(path), "--set", "nope=1"]) == 2
+
+    # the student's ablations run after the main chain, from its runs
+    assert main(["hierarchy", "--plan", str(path), "--set", "ablations=true", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    ablations = ["student/ablation/direct", "student/ablation/ar_teacher", "student/ablation/fkl",
+                 "student/ablation/rkl"]
+    assert out.count("trained (0 -> ") == 4 and all(f"{name} " in out for name in ablations)
+    direct = root / "student" / "ablation" / "direct" / "checkpoints" / "step-000003"  # the curriculum's budget
+    assert json.loads((direct / "wamdiff.json").read_text())["trained_block_size"] == 8
+    for name, kind in (("ar_teacher", "ar"), ("fkl", "diffusion"), ("rkl", "diffusion")):
+        config = yaml.safe_load((root / "student" / "ablation" / name / "config.yaml").read_text())
+        assert config["cross_scale"]["teacher_kind"] == kind
+        assert config["cross_scale"]["divergence"] == (name if name != "ar_teacher" else "jsd")

@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 import torch
 import torch.distributed as dist
+import yaml
 from torch import nn
 
 from wamdiff_ros.model import DecodeMeta, ModelBundle, load_checkpoint, tiny_random
@@ -262,6 +263,9 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
         start = int(state["step"])
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     metrics_log = MetricsLog(out.dir, ctx.main, start, out.tensorboard)
+    if ctx.main:  # the resolved config beside the run's checkpoints: what produced them, every default spelled out
+        Path(out.dir).mkdir(parents=True, exist_ok=True)
+        (Path(out.dir) / "config.yaml").write_text(yaml.safe_dump(config.as_dict(), sort_keys=False))
     bar = _progress(progress and ctx.main, start, t.steps)
     batches = sampler.stream()
     global_batch = t.batch_size * t.grad_accum * ctx.world_size

@@ -47,6 +47,7 @@ class HierarchyPlan:
     distill_teacher_block: int = 8
     distill_steps: int = 200
     cross_scale_steps: int = 200
+    ablations: bool = True  # the student's ablation runs after the main chain (see plan_steps)
 
 
 @dataclass(slots=True)
@@ -112,7 +113,34 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
                           *common, f"model.init=@run:{root / 'student' / 'distill'}",
                           f"cross_scale.teacher=@run:{root / 'teacher' / 'distill'}",
                           "cross_scale.teacher_kind=diffusion", f"cross_scale.block_size={plan.curriculum[-1]}"]))
+    if plan.ablations:
+        steps += ablation_steps(plan, common)
     return steps
+
+
+def ablation_steps(plan: HierarchyPlan, common: list[str]) -> list[Step]:
+    """The student's ablations, each against one run of the main chain (``student/ablation/<name>``):
+
+    - ``direct``: AR -> B = 32 in one phase with the whole curriculum's step budget (no curriculum);
+    - ``ar_teacher``: Stage III from the AR teacher instead of the teacher's B = 32 diffusion model;
+    - ``fkl`` / ``rkl``: Stage III with forward / reverse KL instead of the symmetric JSD.
+    """
+    root = Path(plan.root)
+    student, teacher, ablation = root / "student", root / "teacher", root / "student" / "ablation"
+    big = plan.curriculum[-1]
+    cross = [*common, f"model.init=@run:{student / 'distill'}", f"cross_scale.block_size={big}"]
+    return [
+        Step("student/ablation/direct", "adapt", "tiny_adapt", ablation / "direct",
+             plan.adapt_steps * len(plan.curriculum),
+             [*common, f"model.init=@run:{student / 'ar'}", f"adapt.block_size={big}"]),
+        Step("student/ablation/ar_teacher", "cross-scale", "tiny_cross_scale", ablation / "ar_teacher",
+             plan.cross_scale_steps,
+             [*cross, f"cross_scale.teacher=@run:{teacher / 'ar'}", "cross_scale.teacher_kind=ar"]),
+        *(Step(f"student/ablation/{div}", "cross-scale", "tiny_cross_scale", ablation / div, plan.cross_scale_steps,
+               [*cross, f"cross_scale.teacher=@run:{teacher / 'distill'}", "cross_scale.teacher_kind=diffusion",
+                f"cross_scale.divergence={div}"])
+          for div in ("fkl", "rkl")),
+    ]
 
 
 def _resolve(override: str) -> str:
