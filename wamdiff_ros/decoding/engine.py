@@ -1,26 +1,32 @@
-"""A static KV cache and a lean text-decoder forward over the Qwen3-VL weights (SDPA).
+"""A static KV cache and a lean text-decoder forward over the Qwen3-VL weights.
 
-The prompt (image + text, deepstack) is prefilled by the transformers model itself; its K/V are copied into
-preallocated buffers. Every later forward runs only response tokens, whose three M-RoPE components are equal, so
-one precomputed cos/sin table indexed by position serves them. A forward writes its K/V at
-``[length, length + n)`` and attends over ``[0, length + n)`` with no mask (the whole prefix is visible and the
-new tokens see each other both ways); ``commit=True`` advances ``length``, otherwise the slots are scratch that
-the next forward overwrites. ``commit_and_step`` fuses a block's commit with the next block's first step.
+The prompt (image, deepstack) is prefilled by the transformers model itself; its K/V are copied into preallocated
+buffers. Every later forward runs only response tokens, whose three M-RoPE components are equal, so one
+precomputed cos/sin table indexed by sequence position serves them. A forward writes its K/V at
+``[length, length + n)`` and attends over ``[0, length + n)`` (the whole prefix is visible and the new tokens see
+each other both ways); ``commit=True`` advances ``length``, otherwise the slots are scratch that the next forward
+overwrites. ``commit_and_step`` fuses a block's commit with the next block's first step.
+
+Attention is a backend (``attention.py``). The eager entry points (``forward``, ``commit_and_step``) plan and run in
+one call. The graph entry points split them: ``plan`` (host, once per block) fills the static positions buffer and
+the attention metadata, ``run_planned`` (graph-safe: device buffers only) is what a CUDA Graph captures.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb
 
 from wamdiff_ros.decoding import masks
+from wamdiff_ros.decoding.attention import select_attention
 from wamdiff_ros.inputs import PromptInputs
 
 
 class DecoderEngine:
-    def __init__(self, model, capacity: int) -> None:
+    def __init__(self, model, capacity: int, attention: str = "sdpa", strict: bool = False) -> None:
         self.model = model
         lm = model.model.language_model
         self.layers = lm.layers
@@ -32,12 +38,25 @@ class DecoderEngine:
         self.device, self.dtype = weight.device, weight.dtype
         self.capacity = capacity
         shape = (len(self.layers), 1, cfg.num_key_value_heads, capacity, cfg.head_dim)
-        self.keys = torch.empty(shape, device=self.device, dtype=self.dtype)
-        self.values = torch.empty(shape, device=self.device, dtype=self.dtype)
+        # zeros, not empty: the graph-safe SDPA attends over the whole capacity, and a masked slot must be finite
+        self.keys = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self.values = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.length = 0
         self.rope_delta = 0
         self.forward_calls = 0
-        self._cos = self._sin = None
+        # static buffers (graph replays read them at fixed addresses): cos/sin per sequence index, query positions
+        self._cos = torch.zeros(capacity, cfg.head_dim, device=self.device, dtype=self.dtype)
+        self._sin = torch.zeros_like(self._cos)
+        self._arange = torch.arange(capacity, device=self.device)
+        self.positions = torch.zeros(capacity, dtype=torch.long, device=self.device)
+        self.attention, self.graph_attention, self.attention_reason = select_attention(
+            attention, scale=self.layers[0].self_attn.scaling, capacity=capacity, heads=cfg.num_attention_heads,
+            kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, dtype=self.dtype, device=self.device,
+            strict=strict,
+        )
+        # transformers renamed past_key_values -> cache (5.2x); the GPU machine may run an older one
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     # -- prompt ---------------------------------------------------------------------------------------------------
     def prefill(self, prompt: PromptInputs, prompt_block_size: int = 1) -> torch.Tensor:
@@ -58,9 +77,9 @@ class DecoderEngine:
             input_ids=prompt.input_ids,
             attention_mask=mask,
             position_ids=positions,
-            cache=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self._cache_kwarg: cache},
             **prompt.forward_kwargs(),
         )
         for i, layer in enumerate(cache.layers):
@@ -76,13 +95,24 @@ class DecoderEngine:
         pos = torch.arange(self.capacity, device=self.device) + self.rope_delta
         probe = torch.empty(1, device=self.device, dtype=self.dtype)
         cos, sin = rotary(probe, pos.view(1, 1, -1).expand(3, 1, -1))
-        self._cos, self._sin = cos[0], sin[0]  # (capacity, head_dim), indexed by sequence index
+        self._cos.copy_(cos[0])  # (capacity, head_dim), indexed by sequence index; in place for graph replays
+        self._sin.copy_(sin[0])
 
-    # -- response tokens --------------------------------------------------------------------------------------------
+    def load_state(self, other: DecoderEngine) -> None:
+        """Take ``other``'s committed prefix (K/V, length, RoPE offset; dtype cast as needed), so that two engines -
+        say a bf16 one and an fp32 oracle - continue from the identical cache."""
+        if other.capacity != self.capacity:
+            raise ValueError(f"capacity {other.capacity} differs from this engine's {self.capacity}")
+        self.keys.copy_(other.keys)
+        self.values.copy_(other.values)
+        self.length, self.rope_delta = other.length, other.rope_delta
+        self._build_rope()
+
+    # -- response tokens, eager -------------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, commit: bool) -> torch.Tensor:
         """Forward ``tokens`` (n,) placed at ``[length, length + n)``; returns logits (n, V)."""
-        return self._forward(tokens, None, tokens.shape[0] if commit else 0, 0)
+        return self._forward(tokens, 0, tokens.shape[0] if commit else 0)
 
     @torch.inference_mode()
     def commit_and_step(self, clean: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
@@ -90,19 +120,40 @@ class DecoderEngine:
         see the prefix and each other (not the block), the block sees everything, exactly as a commit forward
         followed by a step would. Returns the block's logits."""
         c = clean.shape[0]
-        n = c + block.shape[0]
-        visible = torch.ones(n, self.length + n, dtype=torch.bool, device=self.device)
-        visible[:c, self.length + c:] = False
-        return self._forward(torch.cat([clean, block]), visible[None, None], c, c)
+        return self._forward(torch.cat([clean, block]), c, c)
 
-    def _forward(self, tokens: torch.Tensor, mask: torch.Tensor | None, advance: int, skip: int) -> torch.Tensor:
+    def _forward(self, tokens: torch.Tensor, n_clean: int, advance: int) -> torch.Tensor:
         """Write K/V of ``tokens`` at ``[length, length + n)``, advance ``length`` by ``advance`` and return the
-        logits of all but the first ``skip`` tokens."""
+        logits of all but the first ``n_clean`` tokens."""
         n = tokens.shape[0]
-        start, end = self.length, self.length + n
-        if end > self.capacity:
-            raise ValueError(f"cache capacity {self.capacity} exceeded ({end})")
-        cos, sin = self._cos[start:end][None], self._sin[start:end][None]
+        self._check_fits(n)
+        self.attention.plan(self.length, n, n_clean)
+        logits = self._layers(tokens, self._arange[:n] + self.length, n_clean, self.attention)
+        self.length += advance
+        self.forward_calls += 1
+        return logits
+
+    # -- response tokens, graph-safe --------------------------------------------------------------------------------
+    def plan(self, n_query: int, n_clean: int = 0) -> None:
+        """Host side, once per block: queries at ``[length, length + n_query)`` (positions buffer on the device)
+        and the graph-safe attention's metadata. ``run_planned`` may then be replayed any number of times."""
+        self._check_fits(n_query)
+        self.positions[:n_query].copy_(self._arange[:n_query] + self.length)
+        self.graph_attention.plan(self.length, n_query, n_clean)
+
+    def run_planned(self, tokens: torch.Tensor, n_clean: int = 0) -> torch.Tensor:
+        """The planned forward (graph-safe: fixed shapes, device buffers only); logits of all but the first
+        ``n_clean`` tokens. Does not touch ``length`` or ``forward_calls``: the caller accounts for them."""
+        return self._layers(tokens, self.positions[: tokens.shape[0]], n_clean, self.graph_attention)
+
+    def _check_fits(self, n: int) -> None:
+        if self.length + n > self.capacity:
+            raise ValueError(f"cache capacity {self.capacity} exceeded ({self.length + n})")
+
+    def _layers(self, tokens: torch.Tensor, pos: torch.Tensor, skip: int, attention) -> torch.Tensor:
+        n = tokens.shape[0]
+        cos, sin = self._cos.index_select(0, pos)[None], self._sin.index_select(0, pos)[None]
+        attention.begin(pos, skip)
         h = self.embed(tokens)[None]
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -112,14 +163,9 @@ class DecoderEngine:
             k = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)
             v = attn.v_proj(x).view(shape).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            self.keys[i, :, :, start:end] = k
-            self.values[i, :, :, start:end] = v
-            o = F.scaled_dot_product_attention(
-                q, self.keys[i, :, :, :end], self.values[i, :, :, :end], attn_mask=mask, scale=attn.scaling,
-                enable_gqa=True,
-            )
+            self.keys[i, 0].index_copy_(1, pos, k[0])
+            self.values[i, 0].index_copy_(1, pos, v[0])
+            o = attention.run(q, self.keys[i], self.values[i])
             h = h + attn.o_proj(o.transpose(1, 2).reshape(1, n, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        self.length += advance
-        self.forward_calls += 1
         return self.lm_head(self.norm(h[:, skip:]))[0]

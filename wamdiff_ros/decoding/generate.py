@@ -1,4 +1,9 @@
-"""One entry point: prompt tensors + settings -> answer tokens, with per-stage timings."""
+"""One entry point: prompt tensors + settings -> answer tokens, with per-stage timings.
+
+``attention`` names the engine's attention backend (``attention.py``); a ``GraphRunner`` (``graphs.py``) brings its
+own engine and captured graphs, reused across calls, and decodes on them unless a constraint or a step trace asks
+for the host-side loop.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from wamdiff_ros.decoding.ar import decode_ar
 from wamdiff_ros.decoding.block import CachedBackend, StepTrace, decode_blocks
 from wamdiff_ros.decoding.constraint import WaypointConstraint
 from wamdiff_ros.decoding.engine import DecoderEngine
+from wamdiff_ros.decoding.graphs import GraphRunner, decode_ar_graphed, decode_blocks_graphed
 from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
 from wamdiff_ros.inputs import PromptInputs
 from wamdiff_ros.model import ModelBundle
@@ -52,6 +58,8 @@ def generate(
     mode: str = "auto",
     ignore_eos: bool = False,
     on_step: Callable[[StepTrace], None] | None = None,
+    attention: str = "sdpa",
+    runner: GraphRunner | None = None,
 ) -> Generation:
     mode = resolve_mode(bundle, settings, mode)
     model, device = bundle.model, bundle.device
@@ -61,12 +69,23 @@ def generate(
         prompt = PromptInputs(prompt.input_ids, prompt.mm_token_type_ids, None, prompt.image_grid_thw, vision)
     _sync(device)
     t1 = time.perf_counter()
-    engine = DecoderEngine(model, prompt.length + settings.max_new_tokens + settings.block_size)
+    needed = prompt.length + settings.max_new_tokens + settings.block_size
+    if runner is None:
+        engine = DecoderEngine(model, needed, attention)
+    elif needed > runner.engine.capacity:
+        raise ValueError(f"the runner's cache holds {runner.engine.capacity} tokens, this plan needs {needed}")
+    else:
+        engine = runner.engine
     first_logits = engine.prefill(prompt, bundle.meta.prompt_block_size)
     _sync(device)
     t2 = time.perf_counter()
-    if mode == "ar":
+    graphed = runner is not None and constraint is None
+    if mode == "ar" and graphed and runner.ar_supported:
+        result = decode_ar_graphed(runner, first_logits, settings.max_new_tokens, bundle.eos_token_id, ignore_eos)
+    elif mode == "ar":
         result = decode_ar(engine, first_logits, settings.max_new_tokens, bundle.eos_token_id, constraint, ignore_eos)
+    elif graphed and on_step is None:
+        result = decode_blocks_graphed(runner, settings, bundle.eos_token_id, ignore_eos)
     else:
         result = decode_blocks(
             CachedBackend(engine), settings, bundle.mask_token_id, bundle.eos_token_id, constraint, ignore_eos, on_step
