@@ -1,0 +1,301 @@
+"""``wamdiff-train results``: ``evaluate`` on a small fake hierarchy (tiny-random checkpoints in the run folders the
+real one writes, a 2 s held-out export, the 3 s closed-loop scenarios) into compact JSON, then ``render`` from that
+real JSON: tables, the paired bootstrap CI, the acceptance lines, missing runs and pieces as "not run", and a second
+``evaluate`` that keeps what is there and evaluates only what is new."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+try:
+    import wamdiff_training  # noqa: F401
+except ImportError:  # not installed: use the checkout's training/ folder
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+
+from wamdiff_ros import format as fmt
+from wamdiff_ros.decoding.settings import DecodeSettings
+from wamdiff_ros.model import DecodeMeta, save_checkpoint, tiny_random
+from wamdiff_ros.world.dataset import main as export
+from wamdiff_ros.world.summary import paired_difference_ci
+from wamdiff_training import results
+from wamdiff_training.cli import main as train_main
+from wamdiff_training.metrics_log import MetricsLog
+
+LOGIT_SCALE = 48.0  # as conftest.scaled_tiny: threshold decoding fixes several tokens per step
+PRESENT = ("teacher/ar", "student/ar", "student/adapt/b08", "student/cross_scale", "teacher/distill")
+PLAN = """root: unused
+ar_steps: 30
+curriculum: [1, 4, 8, 16, 32]
+adapt_steps: 10
+distill_steps: 10
+cross_scale_steps: 20
+"""
+
+
+def _run_folder(root: Path, run: str, source: Path, step: int = 4) -> None:
+    """<root>/<run>/checkpoints/step-N (a link to ``source``) + latest + metrics.csv, as the engine leaves them."""
+    checkpoints = root / run / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / f"step-{step:06d}").symlink_to(source, target_is_directory=True)
+    (checkpoints / "latest").write_text(f"step-{step:06d}\n")
+    log = MetricsLog(root / run, True, 0, False)
+    for s, loss in enumerate((6.0, 4.5, 3.5, 3.0), 1):
+        log.write(s, {"loss": loss, "lr": 1e-3, "samples_per_s": 20.0})
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp("train_results")
+    root = base / "root"
+    assert export(["generate", "--scenarios", "highway", "--episodes", "1", "--max-seconds", "2", "--out",
+                   str(root / "data"), "--preview", "0", "--no-progress", "--split", "test"]) == 0
+    ar = tiny_random(seed=0, meta=DecodeMeta(prediction="next_token", trained_block_size=1, prompt_attention="causal"))
+    save_checkpoint(ar, base / "ckpt" / "ar")
+    for b, seed in ((8, 1), (32, 2)):
+        block = tiny_random(seed=seed, meta=DecodeMeta(trained_block_size=b))
+        with torch.no_grad():
+            block.model.model.language_model.norm.weight.mul_(LOGIT_SCALE)
+        save_checkpoint(block, base / "ckpt" / f"b{b}")
+    sources = {"teacher/ar": "ar", "student/ar": "ar", "student/adapt/b08": "b8", "student/cross_scale": "b32",
+               "teacher/distill": "b32"}
+    for run in PRESENT:
+        _run_folder(root, run, base / "ckpt" / sources[run])
+    (base / "plan.yaml").write_text(PLAN)
+    return {"base": base, "root": root, "ckpt": base / "ckpt", "plan": base / "plan.yaml"}
+
+
+def _evaluate_argv(fake: dict, out: Path, short_scenario_file, *extra: str) -> list[str]:
+    return ["results", "evaluate", "--root", str(fake["root"]), "--out", str(out), "--work",
+            str(fake["base"] / "work"), "--max-samples", "1", "--episodes", "1", "--scenarios", "highway",
+            "--scenario-file", str(short_scenario_file), "--workers", "1", "--plan", str(fake["plan"]), *extra]
+
+
+@pytest.fixture(scope="module")
+def evaluated(fake, short_scenario_file) -> Path:
+    out = fake["base"] / "results"
+    assert train_main(_evaluate_argv(fake, out, short_scenario_file)) == 0  # through wamdiff-train's dispatch
+    return out
+
+
+@pytest.fixture(scope="module")
+def rendered(evaluated, fake) -> tuple[str, Path]:
+    md = fake["base"] / "RESULTS.md"
+    assert train_main(["results", "render", "--results", str(evaluated), "--out", str(md)]) == 0
+    return md.read_text(), md
+
+
+def _load(out: Path, name: str) -> dict:
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def test_default_threshold_is_the_decoders():
+    assert results.DEFAULT_THRESHOLD == DecodeSettings().threshold
+
+
+def test_open_loop_json(evaluated, fake):
+    ol = _load(evaluated, "open_loop")
+    assert ol["piece"] == "open_loop" and ol["schema"] == results.SCHEMA and ol["complete"] is False
+    entries = ol["entries"]
+    assert list(entries) == [t.key for t in results.OPEN_LOOP]
+    for key in ("student_b04", "student_b16", "student_b32", "student_distill"):
+        assert entries[key]["status"] == "not run" and str(fake["root"]) in entries[key]["reason"]
+    ok = {k: e for k, e in entries.items() if e["status"] == "ok"}
+    assert set(ok) == {"teacher_ar", "student_ar", "student_b08", "student_final", "teacher_b32"}
+    assert ok["student_ar"]["decode"]["mode"] == "ar" and ok["student_b08"]["decode"]["block_size"] == 8
+    assert ok["student_final"]["decode"]["block_size"] == 32 and ok["student_final"]["step"] == 4
+    assert sorted(r["threshold"] for r in ok["student_final"]["plan"]) == sorted(results.SWEEP)
+    assert [r["threshold"] for r in ok["student_b08"]["plan"]] == [results.DEFAULT_THRESHOLD]
+    for e in ok.values():
+        assert e["command_line"][:2] == ["wamdiff-train", "eval"]
+        for row in e["plan"]:
+            assert len(row["l2_per_waypoint"]) == fmt.NUM_WAYPOINTS and row["plans"] == 1
+            assert 0 < row["forward_calls_per_token"] <= 1 and row["tokens_per_s"] > 0
+        assert 0 <= e["token_accuracy"] <= 1 and e["detection"]["records"] == 1 and e["questions"] == 1
+    assert ok["teacher_b32"]["rho"] is None  # the rho teacher itself
+    assert ok["student_final"]["rho"]["value"] == 1.0 and ok["student_final"]["rho"]["k"] == 5  # the same weights
+    assert ol["data"]["used"] == {"ask": 1, "detect": 1, "plan": 1}
+    assert ol["data"]["available"]["plan"] == sum(
+        r["task"] == "plan" for r in json.loads((fake["root"] / "data" / "test.json").read_text()))
+
+
+def test_ablation_divergence_overlap_json(evaluated):
+    ab, dv, ov = (_load(evaluated, n) for n in ("ablation", "divergence", "overlap"))
+    assert {k: e["status"] for k, e in ab["entries"].items()} == {
+        "direct": "not run", "curriculum": "not run", "block_distill": "not run", "model_distill": "ok",
+        "ar_teacher": "not run"}
+    assert "student/ablation/direct" in ab["entries"]["direct"]["reason"]
+    assert [r["threshold"] for r in ab["entries"]["model_distill"]["plan"]] == [results.DEFAULT_THRESHOLD]
+    final = _load(evaluated, "open_loop")["entries"]["student_final"]
+    row = next(r for r in final["plan"] if r["threshold"] == results.DEFAULT_THRESHOLD)
+    assert ab["entries"]["model_distill"]["plan"][0] == row  # one decode, reused
+    assert {k: e["status"] for k, e in dv["entries"].items()} == {"jsd": "ok", "fkl": "not run", "rkl": "not run"}
+    statuses = {k: e["status"] for k, e in ov["entries"].items()}
+    assert statuses == {"student_distill__diffusion": "not run", "student_distill__ar": "not run",
+                        "student_final__diffusion": "ok", "student_final__ar": "ok"}
+    same, ar = ov["entries"]["student_final__diffusion"], ov["entries"]["student_final__ar"]
+    assert same["rho"]["value"] == 1.0 and 0 <= ar["rho"]["value"] < 1
+    assert ar["rho"]["alignment"].startswith("AR-aligned") and ar["teacher_decode"] == "ar"
+
+
+def test_closed_loop_json_keeps_episode_rows(evaluated):
+    cl = _load(evaluated, "closed_loop")
+    assert cl["settings"]["modes"] == ["paused", "realtime"] and cl["complete"] is True
+    assert list(cl["entries"]) == ["baselines", "ar", "student"]  # teacher_ar only with --with-teacher
+    planners = {(g["planner"], g["mode"]) for e in cl["entries"].values() for g in e["groups"]}
+    assert planners == {(p, m) for p in ("expert", "constant_velocity", "ar", "student")
+                        for m in ("paused", "realtime")}
+    for e in cl["entries"].values():
+        assert e["command_line"][:2] == ["wamdiff-eval", "closed-loop"] and "--realtime" in e["command_line"]
+        for row in e["episodes"]:
+            assert {"planner", "mode", "scenario", "seed", "ds", "rc", "collisions", "completed", "success"} <= set(row)
+            assert row["scenario"] == "highway" and row["seed"] == 1_000_000 and 0 <= row["ds"] <= 100
+    assert cl["entries"]["student"]["groups"][0]["forward_calls_per_token"] < 1
+    assert len(cl["entries"]["student"]["videos"]) == 1  # --videos 2 on one scenario
+    assert cl["entries"]["ar"]["checkpoint"].endswith("step-000004")  # the run's, not the snapshot's path
+
+
+def test_runs_json(evaluated, fake):
+    runs = _load(evaluated, "runs")
+    by_run = {r["run"]: r for r in runs["runs"]}
+    for run in PRESENT:
+        r = by_run[run]
+        weights = Path(r["checkpoint"]) / "model.safetensors"
+        assert r["status"] == "ok" and r["steps"] == 4 and r["safetensors_bytes"] == weights.stat().st_size
+        with safe_open(str(weights), "pt") as f:
+            assert r["params"] == sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        assert r["metrics"]["loss_first"] == 6.0 and r["metrics"]["loss_last"] == 3.0
+    assert by_run["student/cross_scale"]["planned_steps"] == 20 and by_run["student/ar"]["block_size"] == 1
+    assert by_run["student/ablation/fkl"]["status"] == "not run"
+    test = runs["data"]["splits"]["test"]
+    records = json.loads((fake["root"] / "data" / "test.json").read_text())
+    assert test["records"] == len(records) and test["episodes"] == 1 and runs["data"]["image_size"][0] > 0
+
+
+def test_json_logs_are_small(evaluated):
+    for name in results.PIECES:
+        path = evaluated / f"{name}.json"
+        assert path.stat().st_size < 40_000, name
+        assert "NaN" not in path.read_text()
+
+
+def test_render_tables(rendered):
+    text, md = rendered
+    assert text.splitlines()[2] == results.HEADER
+    heads = [line for line in text.splitlines() if line.startswith("## ")]
+    assert [h.split()[1] for h in heads] == ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "Runs", "Where"]
+    assert re.search(r"^\| student Stage I B=4 \| not run \|", text, re.M)
+    assert re.search(r"^\| direct AR → B=32 \(no curriculum\) \| not run \|", text, re.M)
+    assert re.search(r"^\| student Stage I B=8 \| B=8, t=0\.90 \| 4 \|", text, re.M)
+    assert re.search(r"^\| forward KL \| not run \|", text, re.M)
+    sweep = text.split("### Threshold sweep")[1].split("##")[0]
+    assert [float(t) for t in re.findall(r"^\| (0\.\d+) \|", sweep, re.M)] == sorted(results.SWEEP, reverse=True)
+    figure = md.parent / "results" / results.FIGURE
+    assert "![per-waypoint L2](results/l2_curve.png)" in text
+    assert figure.is_file() and figure.read_bytes()[:4] == b"\x89PNG"
+    assert re.search(r"^\| final student \(B=32\) \| realtime \| 1 \| [\d.]+ \[[\d.]+, [\d.]+\] \|", text, re.M)
+    assert "| student/cross_scale | - | B=32 | 4 / 20 |" in text and "`student/ablation/rkl`" in text
+
+
+def test_render_paired_ci_and_acceptance(rendered, evaluated):
+    text, _ = rendered
+    episodes = [row for e in _load(evaluated, "closed_loop")["entries"].values() for row in e["episodes"]]
+    for mode in ("paused", "realtime"):
+        ds = {p: [r["ds"] for r in episodes if r["planner"] == p and r["mode"] == mode] for p in ("student", "ar")}
+        diff, lo, hi = paired_difference_ci(ds["student"], ds["ar"], level=0.9)
+        assert f"| {mode} | 1 | {diff:.1f} [{lo:.1f}, {hi:.1f}] |" in text
+    checks = text.split("### Acceptance (issue 7)")[1].split("## Runs")[0]
+    lines = [line for line in checks.splitlines() if line.startswith("- ")]
+    assert len(lines) == 6 and all(line[2] in "✓✗" for line in lines)
+    assert lines[-1].startswith("- ✗ paired held-out episodes (student, AR) per mode: 1 ≥ 100")
+    final = _load(evaluated, "open_loop")["entries"]["student_final"]
+    fpt = next(r for r in final["plan"] if r["threshold"] == 0.9)["forward_calls_per_token"]
+    assert f"- {'✓' if fpt <= 0.35 else '✗'} final student {fpt:.3f} forward calls per token" in checks
+    groups = {(g["planner"], g["mode"]): g["ds"] for e in _load(evaluated, "closed_loop")["entries"].values()
+              for g in e["groups"]}
+    ok = groups[("student", "paused")] >= groups[("constant_velocity", "paused")] + 25
+    assert f"- {'✓' if ok else '✗'} student DS {groups[('student', 'paused')]:.1f} ≥ constant velocity" in checks
+    verdicts = text.split("## Where we disagree with the paper")[1]
+    assert "paper: the B=32 student matches its AR counterpart's planning quality" in verdicts
+    assert "paper: JSD is the better Stage III divergence than forward or reverse KL: not run" in verdicts
+
+
+def test_render_marks_missing_pieces_not_run(evaluated, tmp_path):
+    shutil.copy(evaluated / "runs.json", tmp_path / "runs.json")
+    md = tmp_path / "out" / "RESULTS.md"
+    text = results.render(tmp_path, md)
+    for name in ("open_loop", "ablation", "divergence", "overlap", "closed_loop"):
+        assert f"`training/results/{name}.json` is missing" in text
+    assert not (tmp_path / results.FIGURE).exists() and "(e) Per-waypoint L2" in text
+    checks = text.split("### Acceptance (issue 7)")[1].split("## Runs")[0]
+    assert checks.count("- – ") == 6 and "✓" not in checks and "✗" not in checks
+    assert "| teacher/ar |" in text  # runs.json is there
+    assert results.render(tmp_path, md) == text  # deterministic: regenerates byte for byte
+
+
+def test_evaluate_again_keeps_and_adds_only_what_is_new(evaluated, fake, short_scenario_file, monkeypatch):
+    out = fake["base"] / "results_again"
+    shutil.copytree(evaluated, out)
+    before = {n: _load(out, n) for n in results.PIECES if n != "runs"}
+    from wamdiff_ros.world import evaluate as closed_loop_cli
+    from wamdiff_training import evaluation
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("evaluated again")
+
+    monkeypatch.setattr(evaluation, "evaluate", refuse)
+    monkeypatch.setattr(evaluation, "teacher_forced", refuse)
+    monkeypatch.setattr(closed_loop_cli, "main", refuse)
+    assert train_main(_evaluate_argv(fake, out, short_scenario_file)) == 0
+    assert {n: _load(out, n) for n in before} == before  # every piece kept as it was
+    monkeypatch.undo()
+    stale = _load(out, "open_loop")  # student AR evaluated before the rho teacher existed: only rho is computed
+    stale["entries"]["student_ar"]["rho"] = None
+    (out / "open_loop.json").write_text(json.dumps(stale))
+    calls = []
+    real = evaluation.evaluate
+    monkeypatch.setattr(evaluation, "evaluate", lambda args, argv: calls.append(args.checkpoint) or real(args, argv))
+    _run_folder(fake["root"], "student/adapt/b16", fake["ckpt"] / "b32")
+    try:  # a run that appeared since: evaluated alone
+        assert train_main(_evaluate_argv(fake, out, short_scenario_file, "--only", "open_loop")) == 0
+    finally:
+        shutil.rmtree(fake["root"] / "student" / "adapt" / "b16")
+    assert len(calls) == 1 and "b16" in calls[0][0]
+    after = _load(out, "open_loop")["entries"]
+    assert after["student_b16"]["status"] == "ok" and after["student_b16"]["decode"]["block_size"] == 32
+    assert {k: v for k, v in after.items() if k != "student_b16"} == \
+        {k: v for k, v in before["open_loop"]["entries"].items() if k != "student_b16"}  # student AR's rho is back
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--only", "open_loop,nonsense"], "--only: unknown piece(s) nonsense"),
+    (["--root", "/no/such/root"], "--root /no/such/root: no such folder"),
+])
+def test_bad_arguments_exit_2(argv, message, capsys, tmp_path):
+    assert train_main(["results", "evaluate", "--out", str(tmp_path / "r"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_json_rows_are_one_line_each(evaluated):
+    text = (evaluated / "closed_loop.json").read_text()
+    rows = [json.loads(line.strip().rstrip(",")) for line in text.splitlines() if '"seed": ' in line]
+    assert len(rows) == 8 and all(set(r) >= {"planner", "mode", "ds"} for r in rows)  # 4 planners x 2 modes
+    assert results.clean({"x": float("nan"), "y": 1.234567891}) == {"x": None, "y": 1.2346}
+
+
+def test_card_metrics_for_the_model_card(evaluated, tmp_path):
+    lines = results.card_metrics(evaluated)
+    assert lines[0].startswith("- open loop (held-out split, B=32, threshold 0.90)")
+    assert [line.split(":")[0] for line in lines[1:]] == ["- closed loop, paused", "- closed loop, realtime"]
+    assert all("paired student − AR" in line and "constant velocity" in line for line in lines[1:])
+    assert results.card_metrics(tmp_path) == ["- No results logged yet: run `make results-eval`."]
