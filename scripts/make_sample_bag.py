@@ -1,88 +1,111 @@
 #!/usr/bin/env python3
-"""Write the bundled sample drive, ``wamdiff_ros/assets/sample_drive.mcap``: ~10 s of the planner node's inputs.
+"""Write the bundled sample drive, ``wamdiff_ros/assets/sample_drive.mcap``, and the sample image
+``wamdiff_ros/assets/sample_front.png``: the first 10 s of a real episode of the package's CPU world.
+
+The episode: the frozen ``highway`` scenario (``scenarios_v1.yaml``) at held-out seed 1000009 (test split), driven
+as the data export drives it (``wamdiff_ros.world.demonstrations.rollout`` without perturbations): the privileged
+expert replans at every camera frame and the package's WaypointFollower and highway-env actuator follow it. The ego
+closes at 24 m/s on a 15 m/s car 60 m ahead in its lane (passing a braking car on its right), brakes, changes to the
+left lane from 2.5 s and is drawing level with the slow car at 10 s; traffic is in view throughout.
 
 Deterministic (same bytes on every run with the pinned packages). Stamps start at 1,700,000,000 s; the log time of
 every message equals its header stamp. On the planner node's input topics:
 
-* ``/wamdiff_planner/input/image``: sensor_msgs/msg/Image, rgb8 256x128, 10 Hz, 100 frames at t = 0.02 + 0.1 k s
-  (20 ms after the odometry, as unsynchronised sensors are), frame ``camera``. The scene of
-  ``scripts/make_sample_image.py`` (the bundled sample_front.png) drawn at 512x256 and box-downscaled, animated:
-  the lane dashes scroll by the ego's 6 m/s and the three vehicles drift slowly.
-* ``/wamdiff_planner/input/odometry``: nav_msgs/msg/Odometry, 20 Hz, 200 messages at t = 0.05 k s, frame ``odom``,
-  child ``base_link``: driving straight along +x at 6 m/s (x = 6 t, yaw 0, twist.linear.x = 6).
-* ``/wamdiff_planner/input/command``: wamdiff_ros/msg/DrivingCommand LEFT, once at t = 0 (offered QoS reliable +
-  transient local: replay latches it).
+* ``/wamdiff_planner/input/image``: sensor_msgs/msg/Image, rgb8 256x128 (the world's front camera, as in the
+  training data), 10 Hz, 100 frames. Frame k is the world at t = 0.1 k s, stamped 20 ms later (as unsynchronised
+  sensors are), so the node pairs it with the odometry of that very instant. Frame ``camera``.
+* ``/wamdiff_planner/input/odometry``: nav_msgs/msg/Odometry, 20 Hz (every world step), 200 messages at t = 0.05 k s,
+  frame ``odom`` (the ego's start pose: it starts at the origin facing +x), child ``base_link``: the pose in odom,
+  the twist in base_link (REP-105), i.e. the world's ego-frame velocity, and the yaw rate of the last step. The node
+  derives the ego acceleration from it.
+* ``/wamdiff_planner/input/command``: wamdiff_ros/msg/DrivingCommand, the route's command at t = 0 and again
+  whenever it changes (on the highway: LANE_FOLLOW once); offered QoS reliable + transient local: replay latches it.
 
-Full-size frames (98 KB each, 9.8 MB raw) fit the 5 MB budget through the MCAP's zstd chunk compression, which
-every MCAP reader (ros2 bag, rosbags, Foxglove) decodes; the messages themselves are plain sensor_msgs/Image.
+sample_front.png is frame ``SAMPLE_FRAME`` of the bag, pixel for pixel. The frames (98 KB each, 9.8 MB raw) shrink
+to ~0.14 MB in the MCAP's zstd chunk compression, which every MCAP reader (ros2 bag, rosbags, Foxglove) decodes.
 
-Usage: python scripts/make_sample_bag.py [OUTPUT.mcap]
+Usage: python scripts/make_sample_bag.py [OUTPUT.mcap] [--image OUTPUT.png]
 """
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw
-from tqdm import tqdm
+from PIL import Image as PILImage
 
+from wamdiff_ros import format as fmt
+from wamdiff_ros.control import FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
 from wamdiff_ros.ros.bags import McapFile, bag_qos, typestore
-from wamdiff_ros.ros.conversions import quaternion_from_yaw, rgb_to_image
+from wamdiff_ros.world.camera import CameraConfig, FrontCamera
+from wamdiff_ros.world.demonstrations import REPLAN_HZ, sample_steps
+from wamdiff_ros.world.expert import Expert
+from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE, ScenarioSet, load_scenarios
+from wamdiff_ros.world.sim import World
+from wamdiff_ros.world.types import Pose2D, wrap_angle
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "wamdiff_ros" / "assets" / "sample_drive.mcap"
+ASSETS = Path(__file__).resolve().parents[1] / "wamdiff_ros" / "assets"
+DEFAULT_OUT, DEFAULT_IMAGE = ASSETS / "sample_drive.mcap", ASSETS / "sample_front.png"
 NODE = "/wamdiff_planner"
 IMAGE_TOPIC, ODOM_TOPIC, COMMAND_TOPIC = (f"{NODE}/input/{t}" for t in ("image", "odometry", "command"))
+SCENARIO = "highway"
+SEED = SPLIT_SEED_BASE["test"] + 9  # held out; the expert overtakes a slower car in the first 10 s
+SECONDS = 10.0
+SAMPLE_FRAME = 20  # t = 2 s: the slow car 43 m ahead in the ego's lane, a braking one close on the right
 T0_NS = 1_700_000_000 * 10**9
-SPEED = 6.0  # m/s
 IMAGE_HZ, ODOM_HZ = 10, 20
-N_IMAGES, N_ODOM = 100, 200
 IMAGE_OFFSET_NS = 20_000_000
-SIZE = (256, 128)
+# DrivingCommand's constant per route command, as wamdiff_ros.ros.bridge_msgs.COMMAND_VALUES (which needs rclpy; this
+# script needs only rosbags, and stays light without the torch that rclpy's side of the package pulls in)
+COMMAND_CONSTANTS = {fmt.Command.FOLLOW: "LANE_FOLLOW", fmt.Command.LEFT: "LEFT", fmt.Command.RIGHT: "RIGHT",
+                     fmt.Command.STRAIGHT: "STRAIGHT"}
 
 
-def _scene():
-    spec = importlib.util.spec_from_file_location("make_sample_image", ROOT / "scripts" / "make_sample_image.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The ego at one world step (0.05 s apart): what the bag's odometry, command and (every other step) image
+    carry."""
+
+    pose: Pose2D  # in the odom frame (the start pose)
+    velocity: tuple[float, float]  # ego frame, m/s
+    yaw_rate: float  # over the last step, rad/s
+    command: fmt.Command
+    image: np.ndarray | None  # (128, 256, 3) uint8 on camera steps
 
 
-def draw_frame(scene, t: float) -> np.ndarray:
-    """The sample scene at time t: dashes 6 t metres further back (mod 9 m), vehicles drifting; 256x128 RGB."""
-    img = Image.new("RGB", (scene.W, scene.H))
-    d = ImageDraw.Draw(img)
-    scene.draw_background(d)
-    near, far, edge, lane = 1.0, scene.FAR, scene.EDGE, scene.LANE
-    d.polygon(scene.ground_quad(near, far, -edge - 0.6, edge + 0.6), fill=(150, 150, 140))
-    d.polygon(scene.ground_quad(near, far, -edge, edge), fill=(95, 95, 100))
-    for y in (-0.85, 0.85, lane - 0.85, lane + 0.85, -lane - 0.85, -lane + 0.85):
-        d.polygon(scene.ground_quad(near, far, y - 0.3, y + 0.3), fill=(90, 90, 95))
-    for y in (-edge + 0.1, edge - 0.1):
-        d.polygon(scene.ground_quad(near, far, y - 0.08, y + 0.08), fill=(235, 235, 225))
-    phase = (SPEED * t) % 9.0
-    for y in (-lane / 2, lane / 2):  # 3 m dashes every 9 m, scrolling towards the camera
-        x = 2.0 - phase
-        while x < 120.0:
-            x0, x1 = max(x, near), x + 3.0
-            if x1 > x0:
-                d.polygon(scene.ground_quad(x0, x1, y - 0.07, y + 0.07), fill=(240, 240, 240))
-            x += 9.0
-    vehicles = ((40.0 + 0.8 * t, -lane, (205, 205, 210)), (20.0 - 0.4 * t, 0.0, (170, 40, 35)),
-                (9.0 + 1.5 * math.sin(0.5 * t), lane, (40, 80, 160)))
-    for x, y, colour in vehicles:  # far to near
-        scene.draw_vehicle(d, x, y, colour)
-    return np.asarray(img.resize(SIZE, Image.Resampling.BOX))
+def drive(seed: int = SEED, seconds: float = SECONDS, scenarios: ScenarioSet | None = None) -> list[Tick]:
+    """The episode's first ``seconds``, one Tick per world step (the driving of ``demonstrations.rollout``)."""
+    scenarios = scenarios or load_scenarios()
+    world = World(scenarios.get(SCENARIO), seed, scenarios)
+    expert, camera = Expert(world), FrontCamera(world.geometry, CameraConfig())
+    gains = FollowerGains.for_world("highway_env")
+    follower, actuator = WaypointFollower(gains), HighwayEnvActuator(gains)
+    if sample_steps(1.0 / ODOM_HZ, world.dt, "the odometry period") != 1:
+        raise ValueError(f"odometry at {ODOM_HZ} Hz needs a {ODOM_HZ} Hz world, got {1 / world.dt:g} Hz")
+    frame_every = sample_steps(1.0 / IMAGE_HZ, world.dt, "the camera period")
+    replan_every = max(1, round(1.0 / (REPLAN_HZ * world.dt)))
+    start, ticks, active = world.ego_pose, [], None
+    for step in range(round(seconds / world.dt)):
+        if world.done:
+            raise RuntimeError(f"{SCENARIO} seed {seed} ended ({world.end_reason}) before {seconds} s")
+        frame = step % frame_every == 0
+        if frame or step % replan_every == 0:
+            active = TrackedPlan(expert.plan().waypoints, world.ego_pose, world.t)
+        image = camera.render(world.ego_pose, world.others()).image if frame else None
+        pose = start.relative(world.ego_pose)
+        yaw_rate = wrap_angle(pose.heading - ticks[-1].pose.heading) / world.dt if ticks else 0.0
+        ticks.append(Tick(pose, world.ego_velocity(), yaw_rate, world.command, image))
+        world.step(*actuator(follower.step(active, world.ego_pose, world.ego_speed, world.t)))
+    return ticks
 
 
-def make_bag(out: Path) -> Path:
+def make_bag(out: Path, ticks: list[Tick]) -> Path:
     """Serialized with rosbags (its CDR zeroes the alignment padding, so the bytes are reproducible; rclpy's
     serializer leaves padding bytes uninitialised)."""
-    scene = _scene()
     store = typestore()
     T = store.types
     Time, Header = T["builtin_interfaces/msg/Time"], T["std_msgs/msg/Header"]
@@ -97,46 +120,54 @@ def make_bag(out: Path) -> Path:
         return bytes(store.serialize_cdr(msg, msgtype))
 
     records: list[tuple[int, int, str, str, bytes, list]] = []  # (t, order, topic, type, data, offered qos)
-    command_type = "wamdiff_ros/msg/DrivingCommand"
-    cmd = T[command_type](header=header(T0_NS, "base_link"), command=T[command_type].LEFT)
-    records.append((T0_NS, 0, COMMAND_TOPIC, command_type, ser(cmd, command_type), [bag_qos(True, True, 1)]))
-    zero3, cov = geo["Vector3"](x=0.0, y=0.0, z=0.0), np.zeros(36, dtype=np.float64)
-    for k in range(N_ODOM):
+    command_type, cov, command = "wamdiff_ros/msg/DrivingCommand", np.zeros(36, dtype=np.float64), None
+    for k, tick in enumerate(ticks):
         t_ns = T0_NS + k * 10**9 // ODOM_HZ
-        t = (t_ns - T0_NS) * 1e-9
-        q = quaternion_from_yaw(0.0)
-        pose = geo["Pose"](position=geo["Point"](x=SPEED * t, y=0.0, z=0.0),
-                           orientation=geo["Quaternion"](x=q.x, y=q.y, z=q.z, w=q.w))
-        twist = geo["Twist"](linear=geo["Vector3"](x=SPEED, y=0.0, z=0.0), angular=zero3)
+        if tick.command != command:
+            command = tick.command
+            cmd = T[command_type](header=header(t_ns, "base_link"),
+                                  command=getattr(T[command_type], COMMAND_CONSTANTS[command]))
+            records.append((t_ns, 0, COMMAND_TOPIC, command_type, ser(cmd, command_type), [bag_qos(True, True, 1)]))
+        half_yaw = 0.5 * tick.pose.heading
+        pose = geo["Pose"](position=geo["Point"](x=tick.pose.x, y=tick.pose.y, z=0.0),
+                           orientation=geo["Quaternion"](x=0.0, y=0.0, z=math.sin(half_yaw), w=math.cos(half_yaw)))
+        twist = geo["Twist"](linear=geo["Vector3"](x=tick.velocity[0], y=tick.velocity[1], z=0.0),
+                             angular=geo["Vector3"](x=0.0, y=0.0, z=tick.yaw_rate))
         odom = T["nav_msgs/msg/Odometry"](header=header(t_ns, "odom"), child_frame_id="base_link",
                                           pose=geo["PoseWithCovariance"](pose=pose, covariance=cov),
                                           twist=geo["TwistWithCovariance"](twist=twist, covariance=cov))
         records.append((t_ns, 1, ODOM_TOPIC, "nav_msgs/msg/Odometry", ser(odom, "nav_msgs/msg/Odometry"),
                         [bag_qos(True)]))
-    for k in tqdm(range(N_IMAGES), desc="frames", unit="frame", disable=None):
-        t_ns = T0_NS + IMAGE_OFFSET_NS + k * 10**9 // IMAGE_HZ
-        rgb = draw_frame(scene, (t_ns - T0_NS) * 1e-9)
-        ref = rgb_to_image(rgb, 0.0, "camera")  # the node's own conversion fixes the layout (step, encoding)
-        img = T["sensor_msgs/msg/Image"](header=header(t_ns, "camera"), height=ref.height, width=ref.width,
-                                         encoding=ref.encoding, is_bigendian=ref.is_bigendian, step=ref.step,
-                                         data=np.frombuffer(bytes(ref.data), dtype=np.uint8))
+        if tick.image is None:
+            continue
+        t_ns += IMAGE_OFFSET_NS
+        h, w, _ = tick.image.shape  # rgb8, rows unpadded
+        img = T["sensor_msgs/msg/Image"](header=header(t_ns, "camera"), height=h, width=w, encoding="rgb8",
+                                         is_bigendian=0, step=3 * w, data=np.ascontiguousarray(tick.image).reshape(-1))
         records.append((t_ns, 2, IMAGE_TOPIC, "sensor_msgs/msg/Image", ser(img, "sensor_msgs/msg/Image"),
                         [bag_qos(False, False, 5)]))
     records.sort(key=lambda r: (r[0], r[1]))
-    if out.exists():
-        out.unlink()
-    with McapFile(out, store, compress=True) as bag:
+    with McapFile(out, store, compress=True, overwrite=True) as bag:
         for t_ns, _, topic, msgtype, data, qos in records:
             bag.write(topic, msgtype, t_ns, data, qos)
     return out
 
 
-def main(argv: list[str]) -> int:
-    out = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
-    make_bag(out)
-    print(f"wrote {out} ({out.stat().st_size} bytes)")
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("bag", nargs="?", default=str(DEFAULT_OUT), help="output .mcap")
+    p.add_argument("--image", default=str(DEFAULT_IMAGE), help="output PNG: frame SAMPLE_FRAME of the drive")
+    args = p.parse_args(argv)
+    ticks = drive()
+    out, image = make_bag(Path(args.bag), ticks), Path(args.image)
+    frames = [t.image for t in ticks if t.image is not None]
+    PILImage.fromarray(frames[SAMPLE_FRAME]).save(image, optimize=True)
+    speeds = [math.hypot(*t.velocity) for t in ticks]
+    print(f"{SCENARIO} seed {SEED}: {len(ticks)} steps, {len(frames)} frames, {ticks[-1].pose.x:.0f} m driven, speed "
+          f"{min(speeds):.1f}-{max(speeds):.1f} m/s")
+    print(f"wrote {out} ({out.stat().st_size} bytes) and {image} ({image.stat().st_size} bytes)")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -174,14 +174,14 @@ def test_sample_image_loads() -> None:
     assert SAMPLE.stat().st_size < 60_000
     with Image.open(SAMPLE) as im:
         im.load()
-        assert im.format == "PNG" and im.mode == "RGB" and im.size == (512, 256)
+        assert im.format == "PNG" and im.mode == "RGB" and im.size == (256, 128)  # the world camera's frame
         arr = np.asarray(im)
     assert arr.std() > 20  # a real picture, not a flat fill
-    assert arr[0, 256, 2] > arr[0, 256, 0]  # sky is blue at the top
+    assert arr[0, 128, 2] > arr[0, 128, 0]  # sky is blue at the top
 
 
 def test_sample_image_draws() -> None:
     with Image.open(SAMPLE) as im:
         arr = np.asarray(im.convert("RGB"))
     out = draw_plan(arr, straight_plan(), [Box("car", 480, 490, 560, 580)], np.linspace(0.3, 1, 8), "sample")
-    assert out.size == (512 + 256, 256 + STRIP_HEIGHT)
+    assert out.size == (256 + 128, 128 + STRIP_HEIGHT)

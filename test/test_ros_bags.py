@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 pytest.importorskip("rosbags", reason="rosbags not installed")
 
@@ -22,6 +23,8 @@ from wamdiff_ros.ros.blackbox import BlackBox  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "wamdiff_ros" / "assets" / "sample_drive.mcap"
+SAMPLE_IMAGE = ROOT / "wamdiff_ros" / "assets" / "sample_front.png"
+SEED = 1_000_009  # the sample drive's episode (scripts/make_sample_bag.py)
 NODE = "/wamdiff_planner"
 IMAGE, ODOM, COMMAND = f"{NODE}/input/image", f"{NODE}/input/odometry", f"{NODE}/input/command"
 T0_NS = 1_700_000_000 * 10**9
@@ -105,14 +108,17 @@ def test_sample_bag_topics_counts_types_and_stamps(store):
     assert [t for t, _ in msgs[ODOM]] == [T0_NS + k * S // 20 for k in range(200)]
 
     cmd = store.deserialize_cdr(msgs[COMMAND][0][1], "wamdiff_ros/msg/DrivingCommand")
-    assert msgs[COMMAND][0][0] == T0_NS and cmd.command == 1  # LEFT
+    assert msgs[COMMAND][0][0] == T0_NS and cmd.command == 0  # LANE_FOLLOW: the highway route's command
 
-    for k in (0, 1, 99, 199):
-        odom = store.deserialize_cdr(msgs[ODOM][k][1], "nav_msgs/msg/Odometry")
-        assert (odom.header.frame_id, odom.child_frame_id) == ("odom", "base_link")
-        assert odom.pose.pose.position.x == pytest.approx(6.0 * k / 20)
-        assert odom.pose.pose.orientation.w == pytest.approx(1.0)
-        assert odom.twist.twist.linear.x == 6.0
+    odom = [store.deserialize_cdr(raw, "nav_msgs/msg/Odometry") for _, raw in msgs[ODOM]]
+    assert all((o.header.frame_id, o.child_frame_id) == ("odom", "base_link") for o in odom)
+    x = np.array([o.pose.pose.position.x for o in odom])
+    y = np.array([o.pose.pose.position.y for o in odom])
+    vx = np.array([o.twist.twist.linear.x for o in odom])
+    assert (x[0], y[0], odom[0].pose.pose.orientation.w) == (0.0, 0.0, 1.0)  # odom = the ego's start pose
+    assert vx[0] == pytest.approx(24.0) and 14.0 < vx.min() and vx.max() < 26.0  # the scenario's highway speeds
+    assert 150.0 < x[-1] < 250.0 and 3.5 < y[-1] < 4.5  # ~10 s of driving, one lane (4 m) to the left
+    assert np.diff(x) == pytest.approx(0.05 * vx[:-1], abs=0.1)  # the pose advances by the twist
 
     frames = []
     for _, raw in msgs[IMAGE]:
@@ -120,31 +126,62 @@ def test_sample_bag_topics_counts_types_and_stamps(store):
         assert (img.width, img.height, img.encoding, img.step, img.header.frame_id) == (256, 128, "rgb8", 768,
                                                                                           "camera")
         frames.append(img.data.reshape(128, 256, 3))
-    assert all(not np.array_equal(a, b) for a, b in zip(frames, frames[1:]))  # animated
+    assert all(not np.array_equal(a, b) for a, b in zip(frames, frames[1:]))  # moving
     assert np.ptp(np.stack(frames).astype(np.int16), axis=0).max() > 100  # real motion, not noise
-    assert 60 < frames[0][:40].mean() < 240  # sky at the top, as in sample_front.png
+    assert 60 < frames[0][:40].mean() < 240  # sky at the top
+    with Image.open(SAMPLE_IMAGE) as im:  # the CLI's default image is one frame of the drive
+        assert np.array_equal(np.asarray(im.convert("RGB")), frames[20])
+
+
+def test_sample_bag_is_the_data_exports_drive(store):
+    """The bag's frames are the ones ``wamdiff-data`` would export for that episode (its rollout, no perturbations,
+    sampled at 10 Hz), and the node's ego estimate from the bag's odometry is the export's velocity / acceleration."""
+    pytest.importorskip("rclpy", reason="rclpy (ROS 2 wheels) not installed")
+    from wamdiff_ros.ros.conversions import EgoEstimator, yaw_from_quaternion
+    from wamdiff_ros.world.demonstrations import NoiseConfig, RolloutConfig, rollout
+    from wamdiff_ros.world.scenarios import load_scenarios
+
+    scenarios = load_scenarios()
+    episode = rollout(scenarios.get("highway"), SEED, RolloutConfig(
+        sample_period_s=0.1, noise=NoiseConfig(fraction=0.0), questions_per_frame=0, max_seconds=10.0), scenarios)
+    msgs = _messages(SAMPLE)
+    images = [store.deserialize_cdr(raw, "sensor_msgs/msg/Image").data.reshape(128, 256, 3) for _, raw in msgs[IMAGE]]
+    assert len(episode.frames) == len(images) == 100
+    estimator, states = EgoEstimator(time_constant=0.0), []  # raw finite differences: the world's own definition
+    for _, raw in msgs[ODOM]:
+        o = store.deserialize_cdr(raw, "nav_msgs/msg/Odometry")
+        states.append(estimator.update(o.header.stamp.sec + o.header.stamp.nanosec * 1e-9,
+                                       (o.twist.twist.linear.x, o.twist.twist.linear.y),
+                                       yaw=yaw_from_quaternion(o.pose.pose.orientation)))
+    for k, frame in enumerate(episode.frames):
+        assert frame.t == pytest.approx(0.1 * k)
+        assert np.array_equal(frame.image, images[k]), k
+        assert states[2 * k].velocity == pytest.approx(frame.velocity, abs=1e-9)
+        assert states[2 * k].acceleration == pytest.approx(frame.acceleration, abs=1e-4)  # float stamps ~1.7e9 s
+        assert frame.command.value == "follow"
+    assert any(abs(f.acceleration[0]) > 1.0 for f in episode.frames)  # it brakes for the slow car
 
 
 def test_sample_bag_deserializes_with_rclpy():
     pytest.importorskip("rclpy", reason="rclpy (ROS 2 wheels) not installed")
     msgs = pytest.importorskip("wamdiff_ros.msg", reason="the package's interfaces are not built (make setup)")
     from rclpy.serialization import deserialize_message
-    from sensor_msgs.msg import Image
+    from sensor_msgs.msg import Image as ImageMsg
 
     from wamdiff_ros.ros.conversions import image_to_rgb
 
     data = _messages(SAMPLE)
-    assert deserialize_message(data[COMMAND][0][1], msgs.DrivingCommand).command == msgs.DrivingCommand.LEFT
-    rgb = image_to_rgb(deserialize_message(data[IMAGE][3][1], Image))
+    assert deserialize_message(data[COMMAND][0][1], msgs.DrivingCommand).command == msgs.DrivingCommand.LANE_FOLLOW
+    rgb = image_to_rgb(deserialize_message(data[IMAGE][3][1], ImageMsg))
     assert rgb.shape == (128, 256, 3)
 
 
 def test_sample_bag_script_is_deterministic(tmp_path):
-    pytest.importorskip("rclpy", reason="rclpy (ROS 2 wheels) not installed")
-    out = tmp_path / "again.mcap"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_sample_bag.py"), str(out)], check=True,
-                   capture_output=True, timeout=120)
+    out, png = tmp_path / "again.mcap", tmp_path / "again.png"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_sample_bag.py"), str(out), "--image", str(png)],
+                   check=True, capture_output=True, timeout=120)
     assert out.read_bytes() == SAMPLE.read_bytes()
+    assert png.read_bytes() == SAMPLE_IMAGE.read_bytes()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,7 +281,7 @@ def test_blackbox_dump_round_trip_identical_bytes_and_custom_type(tmp_path, stor
         want = [(t, raw) for t, raw in items if t >= end - 3 * S] or items[-1:]
         assert got[topic] == want, topic  # same stamps, identical raw bytes
     cmd = store.deserialize_cdr(got[COMMAND][0][1], "wamdiff_ros/msg/DrivingCommand")
-    assert cmd.command == 1
+    assert cmd.command == 0  # LANE_FOLLOW
     assert box.dump(tmp_path).parent == tmp_path  # into a folder: a fresh timestamped name
     with pytest.raises(FileExistsError):
         box.dump(path)
@@ -351,7 +388,7 @@ def test_replay_to_record_round_trip(tmp_path):
     sent_cmd, got_cmd = src[COMMAND][0][1], got[COMMAND][0][1]
     # DDS pads a sample to a multiple of 4 bytes and notes the padding in the CDR header's options (27 -> 28 bytes)
     assert got_cmd[4:len(sent_cmd)] == sent_cmd[4:] and len(got_cmd) == (len(sent_cmd) + 3) // 4 * 4
-    assert deserialize_message(got[COMMAND][0][1], msgs.DrivingCommand).command == msgs.DrivingCommand.LEFT
+    assert deserialize_message(got[COMMAND][0][1], msgs.DrivingCommand).command == msgs.DrivingCommand.LANE_FOLLOW
     stamps = [t for v in got.values() for t, _ in v]  # receive times: wall clock now, not the bag's 2023 stamps
     assert min(stamps) > T0_NS + 10 * S
     with Reader(out) as reader:
@@ -392,8 +429,10 @@ def test_replay_loop_clock_remap_and_ctrl_c(tmp_path, store):
     assert all(T0_NS <= t <= T0_NS + 995 * S // 100 for t in ns)
     jumps = [i for i, (a, b) in enumerate(zip(ns, ns[1:])) if b < a]
     assert len(jumps) >= 1 and ns[jumps[0]] - ns[jumps[0] + 1] > 9 * S  # back to the start of the bag
-    odom_x = [store.deserialize_cdr(raw, "nav_msgs/msg/Odometry").pose.pose.position.x for _, raw in got["/odom"]]
-    assert odom_x[0] == pytest.approx(0.0, abs=1.0) and max(odom_x) == pytest.approx(6.0 * 199 / 20)
+    odom = "nav_msgs/msg/Odometry"
+    sent_x = [store.deserialize_cdr(raw, odom).pose.pose.position.x for _, raw in _messages(SAMPLE)[ODOM]]
+    got_x = [store.deserialize_cdr(raw, odom).pose.pose.position.x for _, raw in got["/odom"]]
+    assert got_x[0] <= sent_x[3] and max(got_x) == sent_x[-1]  # from the bag's start to its end
 
 
 def test_module_usage_without_a_command():

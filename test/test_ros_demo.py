@@ -1,4 +1,7 @@
-"""The README's demo end to end: node + sample bag replay with /clock + recording + drawn plans."""
+"""The README's demo end to end: node + sample bag replay with /clock + recording + drawn plans, then one closed-loop
+episode through real topics, and the model's measured score from its folder."""
+
+import json
 
 import pytest
 
@@ -8,18 +11,52 @@ pytest.importorskip("wamdiff_ros.msg", reason="the package's interfaces are not 
 from PIL import Image  # noqa: E402
 
 from wamdiff_ros.ros.bags import topic_counts  # noqa: E402
-from wamdiff_ros.ros.demo import main  # noqa: E402
-
-pytestmark = [pytest.mark.ros, pytest.mark.timeout(600)]
+from wamdiff_ros.ros.demo import main, measured_score  # noqa: E402
 
 
+@pytest.mark.ros
+@pytest.mark.timeout(600)
 def test_demo_replays_records_and_draws(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("ROS_DOMAIN_ID", "231")
-    assert main(["--out", str(tmp_path), "--settle", "2"]) == 0
+    assert main(["--model", "tiny-random", "--out", str(tmp_path), "--settle", "2", "--no-drive"]) == 0
     out = capsys.readouterr().out
-    assert "plans recorded" in out and "latency: inference p50" in out
+    assert "100 camera frames replayed" in out and "plans recorded" in out and "latency: inference p50" in out
+    assert "closed-loop drive" not in out and not (tmp_path / "closed_loop").exists()
     counts = {topic: n for topic, (_, n) in topic_counts(tmp_path / "outputs.mcap").items()}
     assert counts["/wamdiff_planner/output/plan"] >= 20 and counts["/diagnostics"] >= 1  # of 100 frames
     strip = Image.open(tmp_path / "demo_strip.png")
     assert strip.size[1] > 2 * strip.size[0] / 2  # several frames stacked
     assert Image.open(tmp_path / "demo.gif").n_frames >= 5
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_demo_drives_a_closed_loop_episode_after_the_bag(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ROS_DOMAIN_ID", "231")
+    assert main(["--model", "tiny-random", "--out", str(tmp_path), "--settle", "1", "--drive-seconds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "plans recorded" in out and (tmp_path / "demo_strip.png").is_file()
+    episode, = json.loads((tmp_path / "closed_loop" / "results.json").read_text())["episodes"]
+    assert 0.0 < episode["sim_s"] <= 2.0 + 1e-6 and episode["plans_applied"] >= 5
+    assert (f"closed-loop drive (highway, seed 1000000): {episode['end_reason']} after {episode['sim_s']:.1f} s, "
+            f"Bench2Drive driving score {episode['driving_score']:.1f}") in out
+    assert "measured closed-loop driving score" not in out  # tiny-random has no eval_summary.json
+
+
+def test_measured_score_comes_from_the_model_folder(tmp_path, capsys):
+    assert measured_score("tiny-random") is None
+    assert measured_score(str(tmp_path)) is None  # no eval_summary.json: no line
+    (tmp_path / "eval_summary.json").write_text(json.dumps(
+        {"driving_score": 61.234, "ci90": [55.0, 67.5], "episodes": 100, "mode": "paused",
+         "source": "training/RESULTS.md"}))
+    assert measured_score(str(tmp_path)) == (f"{tmp_path}: measured closed-loop driving score 61.2 (90 % CI "
+                                             "55.0-67.5, 100 episodes, paused mode; training/RESULTS.md)")
+    (tmp_path / "eval_summary.json").write_text("{}")
+    assert measured_score(str(tmp_path)) is None and "not a readable score summary" in capsys.readouterr().err
+
+
+def test_demo_refuses_an_unknown_model_before_starting_anything(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", str(tmp_path / "absent"), "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2 and not (tmp_path / "out").exists()
