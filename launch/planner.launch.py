@@ -20,7 +20,7 @@ from launch_ros.events.lifecycle import ChangeState
 from lifecycle_msgs.msg import Transition
 
 ARGUMENTS = {
-    "model": ("tiny-random", "checkpoint folder or tiny-random"),
+    "model": ("wamdiff-tiny", "checkpoint folder, wamdiff-tiny (the packaged trained student) or tiny-random"),
     "device": ("cpu", "torch device"),
     "params_file": ("", "parameter file (default: the package's config/planner.yaml)"),
     "image": ("/camera/front/image_raw", "sensor_msgs/Image topic"),

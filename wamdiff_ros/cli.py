@@ -12,6 +12,7 @@ import numpy as np
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.errors import WamDiffError
+from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP
 
 SAMPLE_IMAGE = "sample_front.png"
 
@@ -28,7 +29,7 @@ def load_rgb(path: str | Path) -> np.ndarray:
 
 
 def add_decode_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny-random", help="checkpoint folder or tiny-random (default)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-size", type=int, default=None, help="B (default: the checkpoint's, at most 32)")
     parser.add_argument("--steps", type=int, default=None, help="denoising steps per block, at most (default 32)")

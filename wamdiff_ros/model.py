@@ -19,10 +19,10 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.errors import CheckpointError
+from wamdiff_ros.model_names import DEFAULT_MODEL, TINY_RANDOM, resolve  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
-TINY_RANDOM = "tiny-random"
 META_FILE = "wamdiff.json"
 PREDICTIONS = ("in_place", "next_token")
 PROMPT_ATTENTION = ("causal", "block_causal")
@@ -243,6 +243,7 @@ def tiny_random(
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> ModelBundle:
+    """``path``: a checkpoint folder, a packaged model's name (``wamdiff-tiny``) or ``tiny-random``."""
     if str(path) == TINY_RANDOM:
         return tiny_random(device=device, dtype=dtype)
-    return load_checkpoint(path, device=device, dtype=dtype)
+    return load_checkpoint(resolve(path), device=device, dtype=dtype)

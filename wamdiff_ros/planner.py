@@ -16,6 +16,7 @@ from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import CommandError, EgoStateError, ImageError, InputError
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.model import ModelBundle, load
+from wamdiff_ros.model_names import DEFAULT_MODEL
 
 MIN_IMAGE_SIDE = 32
 MAX_ASPECT = 100
@@ -128,7 +129,7 @@ class Planner:
     @classmethod
     def from_pretrained(
         cls,
-        path: str = "tiny-random",
+        path: str = DEFAULT_MODEL,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         block_size: int | None = None,
@@ -138,8 +139,8 @@ class Planner:
         max_new_tokens: int | None = None,
         constrain: bool = True,
     ) -> Planner:
-        """``path``: a checkpoint folder or "tiny-random". Unset decode settings take the package defaults, the
-        block size at most the checkpoint's trained one."""
+        """``path``: a checkpoint folder, a packaged model's name (default ``wamdiff-tiny``) or "tiny-random". Unset
+        decode settings take the package defaults, the block size at most the checkpoint's trained one."""
         bundle = load(path, device=device, dtype=dtype)
         defaults = DecodeSettings()
         settings = DecodeSettings(

@@ -47,6 +47,14 @@ def main(argv: list[str] | None = None) -> int:
         from wamdiff_training import hierarchy
 
         return hierarchy.main(argv[1:])
+    if argv[:1] == ["results"]:
+        from wamdiff_training import results
+
+        return results.main(argv[1:])
+    if argv[:1] == ["export"]:
+        from wamdiff_training import export
+
+        return export.main(argv[1:])
     args = parser().parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, TINY_RANDOM
 from wamdiff_ros.ros.demo import _environment, _python, _share_file, _stop
 
 NODE = "/wamdiff_planner"
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     results = out / "results.json"
     results.unlink(missing_ok=True)
     node_params = args.node_param if args.node_param is not None else \
-        (list(TINY_NODE_PARAMS) if args.model == "tiny-random" else [])
+        (list(TINY_NODE_PARAMS) if args.model == TINY_RANDOM else [])
     logs = {name: open(out / f"{name}.log", "w") for name in ("node", "bridge")}
     node = subprocess.Popen(planner_command(args.model, node_params), env=env, stdout=logs["node"],
                             stderr=subprocess.STDOUT)
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sync-timeout", type=float, default=2.0, help="wall seconds to wait for a frame's plan")
     p.add_argument("--real-time-factor", type=float, default=None,
                    help="pace the world: sim s per wall s, 0 = as fast as allowed (default: 0 with --sync, 1 without)")
-    p.add_argument("--model", default="tiny-random")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--node-param", action="append", metavar="NAME:=VALUE",
                    help="a planner node parameter (repeatable; default for tiny-random: the demo's fast decode)")
     p.add_argument("--out", default="out/closed_loop_ros")

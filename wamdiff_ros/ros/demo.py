@@ -1,10 +1,13 @@
 """``wamdiff-demo``: the whole ROS path on one machine. Starts the planner node (simulated time), replays the sample
-drive bag into it with ``/clock``, records the node's outputs to MCAP, and draws every plan on its camera frame:
-a PNG strip, an animated GIF, and a latency summary."""
+drive bag into it with ``/clock``, records the node's outputs to MCAP, and draws every plan on its camera frame: a PNG
+strip, an animated GIF and a latency summary. Then (unless ``--no-drive``) the same model drives one episode of the
+CPU world's highway scenario through real topics (``wamdiff-closed-loop-ros``) and the demo prints its Bench2Drive
+driving score, next to the model's measured closed-loop score when its folder holds ``eval_summary.json``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -15,8 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
+from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, TINY_RANDOM, is_model, resolve
+
 NODE = "/wamdiff_planner"
 OUTPUT_TOPICS = (f"{NODE}/output/plan", f"{NODE}/output/path", "/diagnostics")
+DRIVE_SCENARIO = "highway"
+EVAL_SUMMARY = "eval_summary.json"  # the model's measured closed-loop score, written when the model is exported
 
 
 def _share_file(name: str) -> Path:
@@ -89,6 +96,9 @@ def report(bag: Path, recording: Path, out: Path) -> int:
     from wamdiff_ros.msg import PlannerOutput
     from wamdiff_ros.ros.bags import read_messages
     from wamdiff_ros.ros.conversions import image_to_rgb, stamp_to_sec
+    from wamdiff_ros.world.camera import CameraConfig
+
+    camera = CameraConfig().camera_model()  # the sample drive's camera: the CPU world's, as in the training data
 
     frames = {}
     for conn, _, raw in read_messages(bag, [f"{NODE}/input/image"]):
@@ -109,7 +119,7 @@ def report(bag: Path, recording: Path, out: Path) -> int:
         label = (f"t={stamp_to_sec(plan.header.stamp) - min(frames):5.2f}s  B={plan.block_size}  "
                  f"{plan.forward_calls} fwd  decode {plan.decode_ms:.0f} ms  "
                  + ("FALLBACK " + plan.reason if plan.fallback else "valid" if plan.valid else plan.reason))
-        drawn.append(draw_plan(image, wp, confidence=np.array(plan.waypoint_confidence), text=label))
+        drawn.append(draw_plan(image, wp, confidence=np.array(plan.waypoint_confidence), text=label, camera=camera))
     if not drawn:
         print(f"no plan matched a camera frame ({len(plans)} plans recorded)", file=sys.stderr)
         return 1
@@ -135,23 +145,73 @@ def report(bag: Path, recording: Path, out: Path) -> int:
     return 0
 
 
+def drive(model: str, out: Path, seconds: float) -> int:
+    """One closed-loop episode through the planner node and the highway bridge; prints its driving score."""
+    from wamdiff_ros.ros import closed_loop_run
+
+    argv = ["--scenario", DRIVE_SCENARIO, "--episodes", "1", "--model", model, "--out", str(out), "--timeout", "1800"]
+    code = closed_loop_run.main(argv + (["--seconds", str(seconds)] if seconds > 0 else []))
+    results = out / "results.json"
+    if not results.is_file():
+        return code or 1
+    episodes = json.loads(results.read_text())["episodes"]
+    for e in episodes:
+        print(f"closed-loop drive ({DRIVE_SCENARIO}, seed {e['seed']}): {e['end_reason']} after {e['sim_s']:.1f} s, "
+              f"Bench2Drive driving score {e['driving_score']:.1f} (route completion {e['route_completion']:.1f} %, "
+              f"infraction penalty {e['infraction_penalty']:.2f})")
+    return code
+
+
+def measured_score(model: str) -> str | None:
+    """The line on the model's measured closed-loop score from its folder's eval_summary.json; None without one."""
+    if model == TINY_RANDOM:
+        return None
+    path = Path(resolve(model)) / EVAL_SUMMARY
+    if not path.is_file():
+        return None
+    try:
+        s = json.loads(path.read_text())
+        lo, hi = s["ci90"]
+        return (f"{model}: measured closed-loop driving score {float(s['driving_score']):.1f} (90 % CI {float(lo):.1f}"
+                f"-{float(hi):.1f}, {int(s['episodes'])} episodes, {s['mode']} mode; {s['source']})")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"{path}: not a readable score summary ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="wamdiff-demo", description=__doc__.splitlines()[0])
     p.add_argument("--bag", default=str(resources.files("wamdiff_ros") / "assets" / "sample_drive.mcap"))
     p.add_argument("--out", default="out/demo")
-    p.add_argument("--model", default="tiny-random")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--settle", type=float, default=3.0, help="seconds to wait for the last plans")
+    p.add_argument("--no-drive", action="store_true", help="only the bag replay, no closed-loop episode after it")
+    p.add_argument("--drive-seconds", type=float, default=0.0,
+                   help="cut the closed-loop episode after this much sim time (0 = the whole episode)")
     p.add_argument("--closed-loop", metavar="SCENARIO", default=None,
                    help="instead of the bag: drive one episode of a CPU-world scenario (highway, merge, roundabout, "
                         "intersection) through real topics (the highway-env bridge + the node)")
     args = p.parse_args(argv)
-    if args.closed_loop:
-        from wamdiff_ros.ros import closed_loop_run
+    if not is_model(args.model):
+        p.error(f"--model {args.model}: no such model; expected a {MODEL_HELP}")
+    from wamdiff_ros.ros import closed_loop_run
 
+    if args.closed_loop:
         return closed_loop_run.main(["--scenario", args.closed_loop, "--episodes", "1", "--model", args.model,
                                      "--out", args.out])
-    node_args = ["-p", f"model:={args.model}", "-p", "block_size:=32", "-p", "steps:=4", "-p", "schedule:=static"]
-    return run(Path(args.bag), Path(args.out), node_args, args.settle)
+    node_args = ["-p", f"model:={args.model}"]
+    if args.model == TINY_RANDOM:  # random weights: the fast decode; a trained model keeps the node's defaults
+        node_args += [x for param in closed_loop_run.TINY_NODE_PARAMS for x in ("-p", param)]
+    out = Path(args.out)
+    code = run(Path(args.bag), out, node_args, args.settle)
+    if code != 0:
+        return code
+    if not args.no_drive:
+        code = drive(args.model, out / "closed_loop", args.drive_seconds)
+    line = measured_score(args.model)
+    if line:
+        print(line)
+    return code
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from visualization_msgs.msg import MarkerArray
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import WamDiffError
+from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP
 from wamdiff_ros.msg import DrivingCommand, PlannerOutput
 from wamdiff_ros.planner import EgoState, Plan, Planner, PlanStats
 from wamdiff_ros.ros import conversions as conv
@@ -75,7 +76,7 @@ class PlannerNode(LifecycleNode):
         super().__init__(NODE_NAME, **kwargs)
         defaults = DecodeSettings()
         p = self.declare_parameter
-        p("model", "tiny-random", _descriptor("checkpoint folder or tiny-random", read_only=True))
+        p("model", DEFAULT_MODEL, _descriptor(MODEL_HELP, read_only=True))
         p("device", "cpu", _descriptor("torch device", read_only=True))
         p("dtype", "float32", _descriptor("float32 | bfloat16 | float16", read_only=True))
         p("torch_threads", -1, _descriptor("CPU threads for inference; -1 = all cores but one (left for message "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, is_model
 from wamdiff_ros.world.closed_loop import (MODES, ConstantVelocityPlanner, EpisodeResult, ExpertPlanner, LoopConfig,
                                            ModelPlanner, run_episode)
 from wamdiff_ros.world.metrics import EpisodeLog, score_episode
@@ -101,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wamdiff-eval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("closed-loop", help="closed-loop driving score on the frozen CPU world")
-    p.add_argument("--model", default="tiny-random",
-                   help="checkpoint folder, tiny-random (default), or none for the baselines only")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP}, or none for the baselines only")
     p.add_argument("--scenarios", default="all", help="comma-separated names or all")
     p.add_argument("--episodes", type=int, default=10, help="episodes per scenario (seeds S, S+1, ...)")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"first seed (default {DEFAULT_SEED}: held out)")
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if set(baselines) - set(BASELINES):
         parser.error(f"--baselines: expected some of {BASELINES} or none, got {args.baselines!r}")
     model = None if args.model == "none" else args.model
-    if model is not None and model != "tiny-random" and not Path(model).is_dir():
+    if model is not None and not is_model(model):
         parser.error(f"--model: {model!r} is not a checkpoint folder")
     if args.episodes < 1:
         parser.error("--episodes must be >= 1")

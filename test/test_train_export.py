@@ -1,0 +1,76 @@
+"""``wamdiff-train export``: a run's last checkpoint -> a shippable model folder with its model card; and the
+package's default model name resolving to the shipped folder."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+try:
+    import wamdiff_training  # noqa: F401
+except ImportError:  # not installed: use the checkout's training/ folder
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+
+from wamdiff_ros import model_names
+from wamdiff_ros.model import DecodeMeta, save_checkpoint, tiny_random
+from wamdiff_ros.planner import EgoState, Planner
+from wamdiff_training import export
+from wamdiff_training.cli import main as train_main
+
+
+def _run(tmp_path: Path) -> Path:
+    run = tmp_path / "student" / "cross_scale"
+    save_checkpoint(tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8), hidden=64, layers=2),
+                    run / "checkpoints" / "step-000002")
+    (run / "checkpoints" / "latest").write_text("step-000002\n")
+    (run / "checkpoints" / "step-000002" / "train_state.pt").write_bytes(b"optimizer state, not shipped")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps({"scenario_set": {"version": 1}, "split_seed_base": {"train": 0}}))
+    (run / "config.yaml").write_text(yaml.safe_dump({"data": {"train": [str(data / "train.json")]},
+                                                     "out": {"dir": str(run)}}))
+    return run
+
+
+def test_export_copies_inference_files_writes_the_card_and_loads(tmp_path, capsys):
+    out = tmp_path / "shipped"
+    assert train_main(["export", "--checkpoint", str(_run(tmp_path)), "--out", str(out),
+                       "--results", str(tmp_path / "no_results")]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted([*export.INFERENCE_FILES, "README.md"])
+    assert "exported" in capsys.readouterr().out
+    card = (out / "README.md").read_text()
+    for section in ("## What it is", "## Data", "## What it expects", "## Measured", "## Limits"):
+        assert section in card
+    assert "not road-ready" in card and "hidden 64, 2 layers" in card and "B = 8" in card
+    assert "256x128 RGB, 90 deg" in card  # the world's camera card
+    assert "make results-eval" in card  # no results logged in this test
+    plan = Planner.from_pretrained(str(out)).plan(tiny_road(), EgoState((8.0, 0.0), (0.0, 0.0)), "follow")
+    assert plan.stats.block_size == 8
+
+
+def test_export_refuses_what_it_cannot_ship(tmp_path, capsys, monkeypatch):
+    run = _run(tmp_path)
+    (run / "checkpoints" / "step-000002" / "tokenizer.json").unlink()
+    assert train_main(["export", "--checkpoint", str(run), "--out", str(tmp_path / "x")]) == 2
+    assert "missing tokenizer.json" in capsys.readouterr().err
+    run = _run(tmp_path / "again")
+    monkeypatch.setattr(export, "MAX_MB", 0.01)
+    assert train_main(["export", "--checkpoint", str(run), "--out", str(tmp_path / "y")]) == 2
+    assert "exceed the package's" in capsys.readouterr().err
+    assert not (tmp_path / "y").exists() and not (tmp_path / "y.tmp").exists()
+
+
+def test_model_names_resolve_without_torch_and_default_is_the_packaged_student():
+    assert model_names.resolve("wamdiff-tiny") == model_names.PACKAGED_MODELS["wamdiff-tiny"]
+    assert model_names.resolve("some/folder") == "some/folder"
+    assert model_names.is_model("tiny-random") and not model_names.is_model("no/such/folder")
+    assert model_names.DEFAULT_MODEL == "wamdiff-tiny"
+
+
+def tiny_road():
+    import numpy as np
+
+    return np.full((128, 256, 3), 90, dtype=np.uint8)
