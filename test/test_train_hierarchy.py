@@ -63,6 +63,13 @@ def test_hierarchy_runs_in_order_skips_what_is_done_and_resumes(tmp_path, capsys
     assert "student/ar           trained (1 -> 2 steps)" in out and out.count("done (") == len(names) - 1
     assert main(["hierarchy", "--plan", str(path), "--set", "nope=1"]) == 2
 
+    # --only: a part of the plan (two processes can run the teacher's and the student's chains side by side)
+    assert main(["hierarchy", "--plan", str(path), "--dry-run", "--only", "student/adapt/*,student/ar"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == ["student/ar", "student/adapt/b01", "student/adapt/b04", "student/adapt/b08"]
+    assert main(["hierarchy", "--plan", str(path), "--dry-run", "--only", "nobody/*"]) == 2
+    assert "no step matches" in capsys.readouterr().err
+
     # the student's ablations run after the main chain, from its runs
     assert main(["hierarchy", "--plan", str(path), "--set", "ablations=true", "--no-progress"]) == 0
     out = capsys.readouterr().out

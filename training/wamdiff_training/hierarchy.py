@@ -9,6 +9,7 @@ steps and resumed from its last checkpoint when it was cut short, so after a kil
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -166,8 +167,11 @@ def ensure_data(plan: HierarchyPlan, progress: bool) -> Path:
     return out
 
 
-def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False) -> list[tuple[str, str, Path | None]]:
-    """Runs what is missing; returns (step, what happened, its last checkpoint) per step."""
+def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
+        only: list[str] | None = None) -> list[tuple[str, str, Path | None]]:
+    """Runs what is missing; returns (step, what happened, its last checkpoint) per step. ``only``: glob patterns
+    of step names (e.g. ``student/*``) to run a part, say the teacher's and the student's chains in two processes;
+    a step whose predecessor has no checkpoint yet stops with an error naming it."""
     from wamdiff_training.engine import train
     from wamdiff_training.stages import STAGES
 
@@ -175,6 +179,8 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False) -> li
     if not dry_run:
         ensure_data(plan, progress)
     for step in plan_steps(plan):
+        if only and not any(fnmatch.fnmatchcase(step.name, pattern) for pattern in only):
+            continue
         done = _done_steps(step.out_dir)
         if done >= step.steps:
             report.append((step.name, f"done ({done} steps)", _latest(step.out_dir)))
@@ -198,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan", default=str(CONFIGS / "tiny_hierarchy.yaml"), help="hierarchy plan YAML")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a plan field, e.g. --set root=out/tiny --set ar_steps=100")
+    p.add_argument("--only", default=None, metavar="GLOBS",
+                   help="comma-separated step-name patterns to run, e.g. 'teacher/*' (default: every step)")
     p.add_argument("--dry-run", action="store_true", help="list the steps and what is done, run nothing")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -209,9 +217,13 @@ def main(argv: list[str] | None = None) -> int:
             if key not in HierarchyPlan.__slots__ or key in ("teacher", "student"):
                 raise ConfigError("--set", key, "not a plain plan field")
             setattr(plan, key, yaml.safe_load(value))
-        report = run(plan, progress=not args.no_progress, dry_run=args.dry_run)
+        only = [g.strip() for g in args.only.split(",") if g.strip()] if args.only else None
+        report = run(plan, progress=not args.no_progress, dry_run=args.dry_run, only=only)
     except (ConfigError, OSError, RuntimeError, ValueError) as exc:
         print(f"wamdiff-train hierarchy: error: {exc}", file=sys.stderr)
+        return 2
+    if not report:
+        print("wamdiff-train hierarchy: no step matches --only", file=sys.stderr)
         return 2
     width = max(len(name) for name, _, _ in report)
     for name, what, ckpt in report:
