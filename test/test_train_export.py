@@ -74,3 +74,12 @@ def tiny_road():
     import numpy as np
 
     return np.full((128, 256, 3), 90, dtype=np.uint8)
+
+
+def test_eval_summary_quotes_the_students_paused_score(tmp_path):
+    assert export.eval_summary(tmp_path) is None  # nothing logged
+    groups = [{"planner": "student", "mode": "realtime", "episodes": 100, "ds": 40.0, "ds_lo": 35.0, "ds_hi": 45.0},
+              {"planner": "student", "mode": "paused", "episodes": 100, "ds": 50.0, "ds_lo": 45.5, "ds_hi": 54.5}]
+    (tmp_path / "closed_loop.json").write_text(json.dumps({"entries": {"student": {"status": "ok", "groups": groups}}}))
+    assert export.eval_summary(tmp_path) == {"driving_score": 50.0, "ci90": [45.5, 54.5], "episodes": 100,
+                                             "mode": "paused", "source": "training/RESULTS.md"}

@@ -151,6 +151,19 @@ def _metrics(results: Path | None) -> list[str]:
     return card_metrics(results)
 
 
+def eval_summary(results: Path | None) -> dict | None:
+    """The student's paused-mode closed-loop score from ``closed_loop.json`` (what ``wamdiff-demo`` quotes)."""
+    path = None if results is None else results / "closed_loop.json"
+    if path is None or not path.is_file():
+        return None
+    entry = json.loads(path.read_text()).get("entries", {}).get("student", {})
+    for group in entry.get("groups", []):
+        if group.get("mode") == "paused" and group.get("ds") is not None:
+            return {"driving_score": group["ds"], "ci90": [group["ds_lo"], group["ds_hi"]],
+                    "episodes": group["episodes"], "mode": "paused", "source": "training/RESULTS.md"}
+    return None
+
+
 def _smoke(out: Path) -> None:
     """The exported folder loads through the package's own loader and plans one held-out-like frame."""
     import numpy as np
@@ -174,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = copy_checkpoint(args.checkpoint, out)
         _smoke(out)
         (out / "README.md").write_text(model_card(out, ckpt, Path(args.results), args.name))
+        summary = eval_summary(Path(args.results))
+        if summary is not None:
+            (out / "eval_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     except (CheckpointError, OSError, ValueError) as exc:
         print(f"wamdiff-train export: error: {exc}", file=sys.stderr)
         return 2

@@ -420,7 +420,8 @@ def compact_report(report: dict, rename: dict[str, str]) -> dict:
 def evaluate_closed_loop(root: Path, out: Path, work: Path, args: argparse.Namespace) -> dict:
     modes = ["paused", "realtime"]
     settings = {"root": str(root), "episodes_per_scenario": args.episodes, "first_seed": args.seed,
-                "scenarios": args.scenarios, "scenario_file": args.scenario_file, "modes": modes}
+                "scenarios": args.scenarios, "scenario_file": args.scenario_file, "modes": modes,
+                "plan_hz": args.plan_hz}
     piece = Piece("closed_loop", out / "closed_loop.json", settings, args.force)
     keys = []
     for target in CLOSED_LOOP:
@@ -446,7 +447,8 @@ def evaluate_closed_loop(root: Path, out: Path, work: Path, args: argparse.Names
         argv = ["closed-loop", "--model", model,
                 "--baselines", "expert,constant_velocity" if ckpt is None else "none",
                 "--scenarios", args.scenarios, "--episodes", str(args.episodes), "--seed", str(args.seed),
-                "--workers", str(args.workers), "--realtime", "--videos", "2" if target.key == "student" else "0",
+                "--workers", str(args.workers), "--plan-hz", str(args.plan_hz), "--realtime",
+                "--videos", "2" if target.key == "student" else "0",
                 "--out", str(report_dir), "--no-progress",
                 *(["--scenario-file", args.scenario_file] if args.scenario_file else [])]
         log.info("results: closed_loop/%s: wamdiff-eval %s", target.key, " ".join(argv))
@@ -874,6 +876,7 @@ def render_closed_loop(piece: dict | None, open_loop: dict | None) -> tuple[list
     groups, episodes = closed_loop_frames(piece)
     lines += [f"`wamdiff-eval closed-loop`, scenario set {s.get('scenario_file') or 'frozen v1'} "
               f"({s['scenarios']}), {s['episodes_per_scenario']} held-out seeds per scenario from {s['first_seed']}, "
+              f"plans requested at {s.get('plan_hz', 5.0):g} Hz by every planner, "
               "both timing modes (paused: the world waits for each plan; realtime: it does not). DS = route completion "
               f"× infraction penalty, mean with its bootstrap {round(100 * LEVEL)} % CI.", ""]
     rows = []
@@ -1198,6 +1201,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--workers", type=int, default=2, help="closed loop: worker processes")
     e.add_argument("--scenarios", default="all", help="closed loop: scenario names or all")
     e.add_argument("--scenario-file", default=None, help="closed loop: a scenario YAML instead of the frozen set")
+    e.add_argument("--plan-hz", type=float, default=5.0, help="closed loop: plan requests per second, every planner")
     e.add_argument("--with-teacher", action="store_true", help="closed loop: also drive teacher/ar")
     e.add_argument("--max-samples", type=int, default=60, help="open loop: records per task (evenly spaced)")
     e.add_argument("--plan", default=None, help="hierarchy plan for the planned step counts (default "
