@@ -58,6 +58,10 @@ def test_hierarchy_runs_in_order_skips_what_is_done_and_resumes(tmp_path, capsys
     ar = root / "student" / "ar" / "checkpoints"
     shutil.rmtree(ar / "step-000002")
     (ar / "latest").write_text("step-000001\n")
+    # a later step never starts from a predecessor cut short (or still training in another process)
+    assert main(["hierarchy", "--plan", str(path), "--no-progress", "--set", "ablations=true",
+                 "--only", "student/ablation/direct"]) == 2
+    assert "is at step 1 of 2; finish it first" in capsys.readouterr().err
     assert main(["hierarchy", "--plan", str(path), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "student/ar           trained (1 -> 2 steps)" in out and out.count("done (") == len(names) - 1

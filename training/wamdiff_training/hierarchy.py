@@ -144,13 +144,19 @@ def ablation_steps(plan: HierarchyPlan, common: list[str]) -> list[Step]:
     ]
 
 
-def _resolve(override: str) -> str:
+def _resolve(override: str, planned: dict[Path, int]) -> str:
+    """``key=@run:<dir>`` -> ``key=<dir's last checkpoint>``; refused while that run has not reached its planned
+    steps (another process may still be training it: starting from its half-way checkpoint would be silent)."""
     key, _, value = override.partition("=")
     if not value.startswith("@run:"):
         return override
-    latest = _latest(Path(value[len("@run:"):]))
+    run_dir = Path(value[len("@run:"):])
+    latest = _latest(run_dir)
     if latest is None:
-        raise ConfigError("hierarchy", key, f"its predecessor {value[5:]} has no checkpoint yet")
+        raise ConfigError("hierarchy", key, f"its predecessor {run_dir} has no checkpoint yet")
+    done, needed = _done_steps(run_dir), planned.get(run_dir, 0)
+    if done < needed:
+        raise ConfigError("hierarchy", key, f"its predecessor {run_dir} is at step {done} of {needed}; finish it first")
     return f"{key}={latest}"
 
 
@@ -178,7 +184,9 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
     report = []
     if not dry_run:
         ensure_data(plan, progress)
-    for step in plan_steps(plan):
+    steps = plan_steps(plan)
+    planned = {step.out_dir: step.steps for step in steps}
+    for step in steps:
         if only and not any(fnmatch.fnmatchcase(step.name, pattern) for pattern in only):
             continue
         done = _done_steps(step.out_dir)
@@ -188,7 +196,7 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
         if dry_run:
             report.append((step.name, f"to run ({done}/{step.steps} steps)", None))
             continue
-        overrides = [_resolve(o) for o in step.overrides] + [
+        overrides = [_resolve(o, planned) for o in step.overrides] + [
             f"train.steps={step.steps}", f"train.warmup={min(20, max(1, step.steps // 10))}", f"out.dir={step.out_dir}"]
         config = load_config(CONFIGS / f"{step.base}.yaml", overrides)
         log.info("hierarchy: %s (%s, %d steps%s)", step.name, step.stage, step.steps,
