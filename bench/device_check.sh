@@ -13,8 +13,8 @@
 # Steps, each under `timeout`, all inside BUDGET_S (default 235 s):
 #   1. machine and versions; our imports must load, else stop (exit 2)
 #   2. FlashInfer: `source build/gpu_carry/env.sh` (PYTHONPATH, JIT cache dir, arch list), then
-#      `wamdiff-bench gpu --probe-flashinfer`: JIT-builds the fa2 batch-prefill module on first use (cached for
-#      step 3) and checks it against SDPA
+#      `wamdiff-bench gpu --probe-flashinfer`: loads the fa2 batch-prefill module precompiled into the carry for
+#      sm_90a (JIT-builds it with the machine's nvcc only if that fails; cached for step 3), checks it against SDPA
 #   3. wamdiff-bench gpu (Qwen3-VL-2B dimensions, random bf16 weights): --attention flashinfer if step 2 passed,
 #      else the fallback, --attention sdpa (SDPA + CUDA Graph), with the reason in the JSON (attention.note)
 # Outputs in $OUT: gpu_bench.json (written as it goes; "complete": true at the end), gpu_bench.md,
@@ -59,7 +59,7 @@ EOF
     if [ "$probe_s" -lt 20 ]; then
       note="fallback to SDPA + CUDA Graph: no time left to build FlashInfer's kernel"
     else
-      echo "probing FlashInfer (its fa2 batch-prefill kernel JIT-builds on first use; timeout ${probe_s} s)"
+      echo "probing FlashInfer (fa2 batch prefill: precompiled in the carry, else JIT-built; timeout ${probe_s} s)"
       timeout -k 5 "$probe_s" "$PY" -m wamdiff_ros.bench gpu --probe-flashinfer --json "$OUT/flashinfer_probe.json"
       rc=$?
       if [ "$rc" -eq 0 ]; then
