@@ -86,3 +86,17 @@ def test_hierarchy_runs_in_order_skips_what_is_done_and_resumes(tmp_path, capsys
         config = yaml.safe_load((root / "student" / "ablation" / name / "config.yaml").read_text())
         assert config["cross_scale"]["teacher_kind"] == kind
         assert config["cross_scale"]["divergence"] == (name if name != "ar_teacher" else "jsd")
+
+
+def test_per_model_stage_one_steps(tmp_path):
+    plan = {"root": str(tmp_path / "h"), "curriculum": [1, 4, 32], "adapt_steps": 5,
+            "student": {"hidden": 64, "layers": 2, "seed": 1, "adapt_steps": [2, 3, 40]}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    steps = {s.name: s.steps for s in plan_steps(load_plan(path))}
+    assert [steps[f"teacher/adapt/b{b:02d}"] for b in (1, 4, 32)] == [5, 5, 5]
+    assert [steps[f"student/adapt/b{b:02d}"] for b in (1, 4, 32)] == [2, 3, 40]
+    assert steps["student/ablation/direct"] == 45  # the student's whole curriculum budget in one phase
+    plan["student"]["adapt_steps"] = [1, 2]
+    path.write_text(yaml.safe_dump(plan))
+    assert main(["hierarchy", "--plan", str(path), "--dry-run"]) == 2

@@ -30,6 +30,7 @@ class ModelPlan:
     hidden: int
     layers: int
     seed: int = 0
+    adapt_steps: int | list[int] | None = None  # this model's Stage I steps (one count, or one per phase)
 
 
 @dataclass(slots=True)
@@ -44,7 +45,7 @@ class HierarchyPlan:
     checkpoint_every: int = 100  # a killed step resumes from its last one
     ar_steps: int = 600
     curriculum: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32])
-    adapt_steps: int = 200  # per curriculum phase
+    adapt_steps: int | list[int] = 200  # per curriculum phase (one count, or one per phase)
     distill_teacher_block: int = 8
     distill_steps: int = 200
     cross_scale_steps: int = 200
@@ -100,9 +101,9 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
         steps.append(Step(f"{who}/ar", "ar", "tiny_ar", ar_dir, plan.ar_steps, [
             *common, f"model.tiny.hidden={m.hidden}", f"model.tiny.layers={m.layers}", f"model.tiny.seed={m.seed}"]))
         previous = ar_dir
-        for b in plan.curriculum:
+        for b, phase_steps in zip(plan.curriculum, adapt_schedule(plan, m)):
             out = root / who / "adapt" / f"b{b:02d}"
-            steps.append(Step(f"{who}/adapt/b{b:02d}", "adapt", "tiny_adapt", out, plan.adapt_steps, [
+            steps.append(Step(f"{who}/adapt/b{b:02d}", "adapt", "tiny_adapt", out, phase_steps, [
                 *common, f"model.init=@run:{previous}", f"adapt.block_size={b}"]))
             previous = out
         small = root / who / "adapt" / f"b{plan.distill_teacher_block:02d}"
@@ -119,6 +120,17 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
     return steps
 
 
+def adapt_schedule(plan: HierarchyPlan, model: ModelPlan) -> list[int]:
+    """Stage I steps per curriculum phase: the model's own ``adapt_steps`` if set, else the plan's; one count
+    serves every phase, a list gives one per phase."""
+    steps = model.adapt_steps if model.adapt_steps is not None else plan.adapt_steps
+    if isinstance(steps, int):
+        return [steps] * len(plan.curriculum)
+    if len(steps) != len(plan.curriculum):
+        raise ConfigError("hierarchy", "adapt_steps", f"{len(steps)} counts for {len(plan.curriculum)} phases")
+    return list(steps)
+
+
 def ablation_steps(plan: HierarchyPlan, common: list[str]) -> list[Step]:
     """The student's ablations, each against one run of the main chain (``student/ablation/<name>``):
 
@@ -132,7 +144,7 @@ def ablation_steps(plan: HierarchyPlan, common: list[str]) -> list[Step]:
     cross = [*common, f"model.init=@run:{student / 'distill'}", f"cross_scale.block_size={big}"]
     return [
         Step("student/ablation/direct", "adapt", "tiny_adapt", ablation / "direct",
-             plan.adapt_steps * len(plan.curriculum),
+             sum(adapt_schedule(plan, plan.student)),
              [*common, f"model.init=@run:{student / 'ar'}", f"adapt.block_size={big}"]),
         Step("student/ablation/ar_teacher", "cross-scale", "tiny_cross_scale", ablation / "ar_teacher",
              plan.cross_scale_steps,
