@@ -299,3 +299,23 @@ def test_card_metrics_for_the_model_card(evaluated, tmp_path):
     assert [line.split(":")[0] for line in lines[1:]] == ["- closed loop, paused", "- closed loop, realtime"]
     assert all("paired student − AR" in line and "constant velocity" in line for line in lines[1:])
     assert results.card_metrics(tmp_path) == ["- No results logged yet: run `make results-eval`."]
+
+
+def test_a_run_trained_again_in_the_same_folder_is_evaluated_again(evaluated, fake, short_scenario_file):
+    out = fake["base"] / "results_retrained"
+    shutil.copytree(evaluated, out)
+    retrained = tiny_random(seed=5, meta=DecodeMeta(trained_block_size=32))
+    save_checkpoint(retrained, fake["ckpt"] / "b32_retrained")
+    link = fake["root"] / "student" / "cross_scale" / "checkpoints" / "step-000004"  # same path, other weights
+    old = link.resolve()
+    link.unlink()
+    link.symlink_to(fake["ckpt"] / "b32_retrained", target_is_directory=True)
+    try:
+        assert train_main(_evaluate_argv(fake, out, short_scenario_file, "--only", "divergence")) == 0
+    finally:
+        link.unlink()
+        link.symlink_to(old, target_is_directory=True)
+    jsd = _load(out, "divergence")["entries"]["jsd"]
+    assert jsd["status"] == "ok" and jsd["checkpoint"] == str(link)
+    assert jsd["weights"] == results.weights_id(fake["ckpt"] / "b32_retrained")
+    assert jsd["weights"] != _load(evaluated, "divergence")["entries"]["jsd"]["weights"]

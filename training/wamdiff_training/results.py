@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
+import hashlib
 import json
 import logging
 import math
@@ -289,13 +291,21 @@ class Piece:
                      "entries": {} if old is None else old.get("entries", {})}
 
     def current(self, key: str, checkpoint: str | None) -> dict | None:
-        """The stored entry when it is done and still describes ``checkpoint``."""
+        """The stored entry when it is done and still describes ``checkpoint``: same folder and same weights (a run
+        trained again writes the same step folder with other weights)."""
         entry = self.data["entries"].get(key)
         if entry is None or entry.get("status") != "ok" or entry.get("checkpoint") != checkpoint:
+            return None
+        if checkpoint is not None and entry.get("weights") != weights_id(checkpoint):
             return None
         return entry
 
     def put(self, key: str, entry: dict) -> None:
+        if entry.get("status") == "ok" and entry.get("checkpoint"):
+            entry = {**entry, "weights": weights_id(entry["checkpoint"])}
+        for field in ("teacher",):  # overlap entries: the teacher's weights too
+            if entry.get("status") == "ok" and entry.get(field):
+                entry = {**entry, f"{field}_weights": weights_id(entry[field])}
         self.data["entries"][key] = entry
         write_json(self.path, self.data)
 
@@ -306,6 +316,24 @@ class Piece:
         self.data["complete"] = all(e.get("status") == "ok" for e in self.data["entries"].values())
         write_json(self.path, self.data)
         return self.data
+
+
+def weights_id(checkpoint: str | Path) -> str | None:
+    """sha256 (first 16 hex digits) of a checkpoint's model.safetensors: what an entry was computed from."""
+    path = Path(checkpoint) / "model.safetensors"
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    return _weights_id(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _weights_id(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def _eval_entries(piece: Piece, targets: Iterable[Target], root: Path, evaluator: Evaluator,
@@ -319,11 +347,12 @@ def _eval_entries(piece: Piece, targets: Iterable[Target], root: Path, evaluator
             continue
         want = teacher(target)
         if (kept := piece.current(target.key, ckpt)) is not None:
-            have = (kept.get("rho") or {}).get("teacher")
-            if have != want:  # the rho teacher appeared or moved on since: only rho is computed again
+            have = ((kept.get("rho") or {}).get("teacher"), kept.get("rho_teacher_weights"))
+            if have != (want, want and weights_id(want)):  # the rho teacher appeared or changed: only rho again
                 log.info("results: %s/%s: rho%d against %s (was %s)", piece.name, target.key, K, want, have)
                 try:
-                    kept = {**kept, "rho": evaluator.rho(ckpt, want)["rho"] if want else None}
+                    kept = {**kept, "rho": evaluator.rho(ckpt, want)["rho"] if want else None,
+                            "rho_teacher_weights": want and weights_id(want)}
                 except Exception as exc:  # noqa: BLE001
                     log.warning("results: %s/%s: rho failed: %s", piece.name, target.key, exc)
                     kept = {**kept, "rho": None}
@@ -335,7 +364,8 @@ def _eval_entries(piece: Piece, targets: Iterable[Target], root: Path, evaluator
             continue
         log.info("results: %s/%s: evaluating %s", piece.name, target.key, ckpt)
         try:
-            entry = evaluator.open_loop(ckpt, thresholds(target), want)
+            entry = {**evaluator.open_loop(ckpt, thresholds(target), want),
+                     "rho_teacher_weights": want and weights_id(want)}
         except Exception as exc:  # noqa: BLE001 - one bad checkpoint must not stop the other evaluations
             log.warning("results: %s/%s: failed: %s", piece.name, target.key, exc)
             entry = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "checkpoint": ckpt}
@@ -381,7 +411,8 @@ def evaluate_overlap(root: Path, out: Path, evaluator: Evaluator, force: bool, s
                 log.info("results: overlap/%s: not run (%s)", key, why or why_t)
                 continue
             kept = piece.current(key, ckpt)
-            if kept is not None and kept.get("teacher") == teacher:
+            same_teacher = kept is not None and kept.get("teacher") == teacher
+            if same_teacher and kept.get("teacher_weights") == weights_id(teacher):
                 piece.kept += 1
                 continue
             log.info("results: overlap/%s: rho%d of %s against %s", key, K, ckpt, teacher)
