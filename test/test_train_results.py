@@ -310,7 +310,7 @@ def test_a_run_trained_again_in_the_same_folder_is_evaluated_again(evaluated, fa
     old = link.resolve()
     link.unlink()
     link.symlink_to(fake["ckpt"] / "b32_retrained", target_is_directory=True)
-    try:
+    try:  # the logged open_loop / ablation entries of the old weights must not answer for the new ones either
         assert train_main(_evaluate_argv(fake, out, short_scenario_file, "--only", "divergence")) == 0
     finally:
         link.unlink()
@@ -318,4 +318,6 @@ def test_a_run_trained_again_in_the_same_folder_is_evaluated_again(evaluated, fa
     jsd = _load(out, "divergence")["entries"]["jsd"]
     assert jsd["status"] == "ok" and jsd["checkpoint"] == str(link)
     assert jsd["weights"] == results.weights_id(fake["ckpt"] / "b32_retrained")
-    assert jsd["weights"] != _load(evaluated, "divergence")["entries"]["jsd"]["weights"]
+    before = _load(evaluated, "divergence")["entries"]["jsd"]
+    assert jsd["weights"] != before["weights"]
+    assert (jsd["token_accuracy"], jsd["plan"]) != (before["token_accuracy"], before["plan"])  # numbers of new weights

@@ -204,8 +204,10 @@ class Evaluator:
         self.cache: dict[tuple[str, str | None], dict] = {}
 
     def remember(self, entry: dict) -> None:
-        if entry.get("status") == "ok":
-            self.cache.setdefault((entry["checkpoint"], (entry.get("rho") or {}).get("teacher")), entry)
+        """Cache an entry, only while it still describes its checkpoint's weights (a logged entry of a run that was
+        trained again in the same folder must not answer for the new weights)."""
+        if entry.get("status") == "ok" and entry.get("weights") == weights_id(entry["checkpoint"]):
+            self.cache[(entry["checkpoint"], (entry.get("rho") or {}).get("teacher"))] = entry
 
     def open_loop(self, checkpoint: str, thresholds: Iterable[float], teacher: str | None) -> dict:
         thresholds = list(thresholds)
@@ -224,7 +226,7 @@ class Evaluator:
                 "--thresholds", ",".join(f"{t:g}" for t in thresholds), "--k", str(K), "--seed", str(self.seed),
                 *(["--teacher", teacher] if teacher else []), "--out", str(self.work / "eval"), "--no-progress"]
         result = evaluation.evaluate(evaluation.parser().parse_args(argv), argv)
-        entry = compact_eval(result["checkpoints"][0], result)
+        entry = {**compact_eval(result["checkpoints"][0], result), "weights": weights_id(checkpoint)}
         self.remember(entry)
         return entry
 
