@@ -108,7 +108,8 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str) -> str:
         f"pitched {camera.pitch_deg} deg down (the world's camera; Bench2Drive agent sensors use the same card).",
         "- Ego velocity and acceleration in the ego frame (x forward, y left, m/s, m/s^2) and a navigation "
         "command (left, right, straight, follow).",
-        "- Plans at 5 Hz (the evaluator's rate); each plan is 8 waypoints, one every 0.5 s, in the ego frame.",
+        "- A plan request every 0.2-0.5 s (the closed-loop figures below used 2 Hz; `wamdiff-eval`'s default is "
+        "5 Hz); each plan is 8 waypoints, one every 0.5 s, in the ego frame.",
         "",
         "## Measured",
     ]

@@ -1234,7 +1234,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--workers", type=int, default=2, help="closed loop: worker processes")
     e.add_argument("--scenarios", default="all", help="closed loop: scenario names or all")
     e.add_argument("--scenario-file", default=None, help="closed loop: a scenario YAML instead of the frozen set")
-    e.add_argument("--plan-hz", type=float, default=5.0, help="closed loop: plan requests per second, every planner")
+    e.add_argument("--plan-hz", type=float, default=2.0,
+                   help="closed loop: plan requests per second, every planner (default 2: the AR model's 100 "
+                        "episodes x 2 modes fit a CPU session; wamdiff-eval's own default is 5)")
     e.add_argument("--with-teacher", action="store_true", help="closed loop: also drive teacher/ar")
     e.add_argument("--max-samples", type=int, default=60, help="open loop: records per task (evenly spaced)")
     e.add_argument("--plan", default=None, help="hierarchy plan for the planned step counts (default "
