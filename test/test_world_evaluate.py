@@ -88,12 +88,12 @@ def test_explicit_modes(tmp_path, short_yaml):
     assert {(e["planner"], e["mode"], e["scenario"]) for e in report["episodes"]} == {("expert", "realtime", "merge")}
 
 
-def test_tiny_model_end_to_end_with_video(tmp_path, short_yaml):
+def test_default_model_end_to_end_with_video(tmp_path, short_yaml):  # the shipped wamdiff-tiny
     out = tmp_path / "m"
     json_copy = tmp_path / "copy" / "r.json"
     report, md = run(out, short_yaml, "--realtime", "--baselines", "none", "--json", str(json_copy),
                      model=None, scenarios="highway", videos="1")
-    assert report["run"]["model"] == "tiny-random" and report["run"]["planners"] == ["model"]
+    assert report["run"]["model"] == "wamdiff-tiny" and report["run"]["planners"] == ["model"]
     assert {(e["planner"], e["mode"]) for e in report["episodes"]} == {("model", "paused"), ("model", "realtime")}
     for e in report["episodes"]:
         assert e["forward_calls_per_token"] is not None and e["forward_calls_per_token"] > 0
