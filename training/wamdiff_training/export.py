@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -132,14 +133,7 @@ def _parameters(path: Path) -> int:
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
-        return sum(_prod(f.get_slice(k).get_shape()) for k in f.keys())
-
-
-def _prod(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
 
 
 def _metrics(results: Path | None) -> list[str]:

@@ -305,9 +305,8 @@ class Piece:
     def put(self, key: str, entry: dict) -> None:
         if entry.get("status") == "ok" and entry.get("checkpoint"):
             entry = {**entry, "weights": weights_id(entry["checkpoint"])}
-        for field in ("teacher",):  # overlap entries: the teacher's weights too
-            if entry.get("status") == "ok" and entry.get(field):
-                entry = {**entry, f"{field}_weights": weights_id(entry[field])}
+        if entry.get("status") == "ok" and entry.get("teacher"):  # overlap entries: the teacher's weights too
+            entry = {**entry, "teacher_weights": weights_id(entry["teacher"])}
         self.data["entries"][key] = entry
         write_json(self.path, self.data)
 

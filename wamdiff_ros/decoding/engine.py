@@ -14,6 +14,7 @@ the attention metadata, ``run_planned`` (graph-safe: device buffers only) is wha
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -23,6 +24,13 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb
 from wamdiff_ros.decoding import masks
 from wamdiff_ros.decoding.attention import select_attention
 from wamdiff_ros.inputs import PromptInputs
+
+
+@functools.lru_cache(maxsize=8)
+def _cache_kwarg(model_class: type) -> str:
+    """transformers renamed past_key_values -> cache (5.2x); the GPU machine may run an older one. Read once per
+    model class, not per plan."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 class DecoderEngine:
@@ -54,9 +62,7 @@ class DecoderEngine:
             kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, dtype=self.dtype, device=self.device,
             strict=strict,
         )
-        # transformers renamed past_key_values -> cache (5.2x); the GPU machine may run an older one
-        params = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache_kwarg = _cache_kwarg(type(model))
 
     # -- prompt ---------------------------------------------------------------------------------------------------
     def prefill(self, prompt: PromptInputs, prompt_block_size: int = 1) -> torch.Tensor:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, TINY_RANDOM
-from wamdiff_ros.ros.demo import _environment, _python, _share_file, _stop
+from wamdiff_ros.ros.demo import _environment, _python, _share_file, _shut_down
 
 NODE = "/wamdiff_planner"
 DEFAULT_DOMAIN_ID = "230"  # apart from the tests' and the demo's domains (Fast DDS accepts 0-232)
@@ -87,10 +87,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"the bridge did not finish within {args.timeout:.0f} s", file=sys.stderr)
         code = 1
     finally:
-        _stop(bridge)
-        _stop(node)
-        for f in logs.values():
-            f.close()
+        _shut_down([bridge, node], logs)
     if not results.is_file():
         print(f"no results written (bridge exit {code}), see {out / 'bridge.log'}", file=sys.stderr)
         return 1

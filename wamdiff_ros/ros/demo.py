@@ -53,6 +53,14 @@ def _stop(proc: subprocess.Popen, seconds: float = 15.0) -> None:
             proc.kill()
 
 
+def _shut_down(procs: list[subprocess.Popen], logs: dict) -> None:
+    """Stop ``procs`` in order (Ctrl-C, then kill) and close their log files."""
+    for proc in procs:
+        _stop(proc)
+    for f in logs.values():
+        f.close()
+
+
 def run(bag: Path, out: Path, node_args: list[str], settle_s: float) -> int:
     env = _environment()
     out.mkdir(parents=True, exist_ok=True)
@@ -76,10 +84,7 @@ def run(bag: Path, out: Path, node_args: list[str], settle_s: float) -> int:
             return 1
         time.sleep(settle_s)  # the last plans
     finally:
-        _stop(record)
-        _stop(node)
-        for f in logs.values():
-            f.close()
+        _shut_down([record, node], logs)
     if not recording.is_file():
         print(f"no recording written, see {out / 'record.log'}", file=sys.stderr)
         return 1
