@@ -7,6 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 try:
@@ -17,7 +18,9 @@ except ImportError:  # not installed: use the source tree
 from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.planner import EgoState, Planner
 from wamdiff_training.cli import main
-from wamdiff_training.hierarchy import load_plan, plan_steps
+from wamdiff_training.config import ConfigError, load_config
+from wamdiff_training.engine import build_bundle
+from wamdiff_training.hierarchy import CONFIGS, ensure_data, load_plan, plan_steps
 
 
 def test_hierarchy_runs_in_order_skips_what_is_done_and_resumes(tmp_path, capsys):
@@ -100,3 +103,44 @@ def test_per_model_stage_one_steps(tmp_path):
     plan["student"]["adapt_steps"] = [1, 2]
     path.write_text(yaml.safe_dump(plan))
     assert main(["hierarchy", "--plan", str(path), "--dry-run"]) == 2
+
+
+def test_per_model_sizes_ar_steps_and_training_mix(tmp_path):
+    plan = {"root": str(tmp_path / "h"), "ar_steps": 7, "task_weights": {"plan": 1.0, "detect": 0.3, "ask": 0.1},
+            "teacher": {"hidden": 128, "layers": 4, "vision_hidden": 96, "vision_depth": 3},
+            "student": {"hidden": 64, "layers": 2, "seed": 1, "ar_steps": 11}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    steps = {s.name: s for s in plan_steps(load_plan(path))}
+    assert (steps["teacher/ar"].steps, steps["student/ar"].steps) == (7, 11)
+    teacher = load_config(CONFIGS / "tiny_ar.yaml", steps["teacher/ar"].overrides)
+    assert (teacher.model.tiny.vision_hidden, teacher.model.tiny.vision_depth) == (96, 3)
+    assert teacher.data.task_weights == {"plan": 1.0, "detect": 0.3, "ask": 0.1}
+    student = load_config(CONFIGS / "tiny_ar.yaml", steps["student/ar"].overrides)
+    assert (student.model.tiny.vision_hidden, student.model.tiny.vision_depth) == (64, 2)  # the default tower
+    with pytest.raises(ConfigError, match="vision_hidden"):
+        load_config(CONFIGS / "tiny_ar.yaml", ["model.tiny.vision_hidden=48"])
+
+    bundle = build_bundle(teacher)  # the tower the config names, not the default one
+    vision = bundle.model.config.vision_config
+    assert (vision.hidden_size, vision.depth, vision.out_hidden_size) == (96, 3, 128)
+
+
+def test_held_out_splits_take_their_own_episode_count(tmp_path, monkeypatch):
+    import wamdiff_ros.world.dataset as dataset
+
+    calls = []
+    monkeypatch.setattr(dataset, "main", lambda argv: calls.append(argv) or 0)
+    plan = load_plan_from(tmp_path, {"root": str(tmp_path / "h"), "episodes": 30, "eval_episodes": 5})
+    ensure_data(plan, progress=False)
+    assert [(a[a.index("--split") + 1], a[a.index("--episodes") + 1]) for a in calls] == [("train", "30"),
+                                                                                          ("val,test", "5")]
+    calls.clear()
+    ensure_data(load_plan_from(tmp_path, {"root": str(tmp_path / "g"), "episodes": 4}), progress=False)
+    assert [(a[a.index("--split") + 1], a[a.index("--episodes") + 1]) for a in calls] == [("train,val,test", "4")]
+
+
+def load_plan_from(tmp_path, plan: dict):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    return load_plan(path)

@@ -226,12 +226,15 @@ def tiny_random(
     meta: DecodeMeta | None = None,
     hidden: int = 128,
     layers: int = 4,
+    vision_hidden: int = 64,
+    vision_depth: int = 2,
 ) -> ModelBundle:
     """The package's tiny default: random weights (seeded), offline tokenizer and image processor."""
     from wamdiff_ros import tiny
 
     tokenizer = copy.deepcopy(tiny.tiny_tokenizer())
-    config = tiny.tiny_config(tokenizer, hidden=hidden, layers=layers)
+    config = tiny.tiny_config(tokenizer, hidden=hidden, layers=layers, vision_hidden=vision_hidden,
+                              vision_depth=vision_depth)
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

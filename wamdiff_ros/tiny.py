@@ -127,12 +127,15 @@ def qwen3_vl_config(
     )
 
 
-def tiny_config(tokenizer: PreTrainedTokenizerFast, hidden: int = 128, layers: int = 4) -> Qwen3VLConfig:
+def tiny_config(tokenizer: PreTrainedTokenizerFast, hidden: int = 128, layers: int = 4, vision_hidden: int = 64,
+                vision_depth: int = 2) -> Qwen3VLConfig:
+    """Text decoder ``hidden`` x ``layers`` (head dim 32); vision tower ``vision_hidden`` x ``vision_depth`` (head
+    dim 32, deepstack from its first layer)."""
     heads = hidden // 32
     return qwen3_vl_config(
         tokenizer, hidden=hidden, ffn=2 * hidden, layers=layers, heads=heads, kv_heads=max(1, heads // 2),
-        head_dim=32, mrope_section=[6, 5, 5], vision_depth=2, vision_hidden=64, vision_ffn=128, vision_heads=2,
-        vision_grid=8, deepstack=[0],
+        head_dim=32, mrope_section=[6, 5, 5], vision_depth=vision_depth, vision_hidden=vision_hidden,
+        vision_ffn=2 * vision_hidden, vision_heads=max(1, vision_hidden // 32), vision_grid=8, deepstack=[0],
     )
 
 

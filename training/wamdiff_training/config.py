@@ -43,6 +43,8 @@ class TinyModel:
     hidden: int = 128
     layers: int = 4
     seed: int = 0
+    vision_hidden: int = 64  # the vision tower's width and depth
+    vision_depth: int = 2
 
 
 @dataclass(slots=True)
@@ -224,6 +226,9 @@ def validate(config: Config) -> Config:
     _require(s, config.model.tiny.hidden >= 32 and config.model.tiny.hidden % 32 == 0, "model.tiny.hidden",
              f"must be a positive multiple of 32 (head_dim), got {config.model.tiny.hidden}")
     _require(s, config.model.tiny.layers >= 1, "model.tiny.layers", f"must be >= 1, got {config.model.tiny.layers}")
+    vh, vd = config.model.tiny.vision_hidden, config.model.tiny.vision_depth
+    _require(s, vh >= 32 and vh % 32 == 0, "model.tiny.vision_hidden", f"must be a positive multiple of 32, got {vh}")
+    _require(s, vd >= 1, "model.tiny.vision_depth", f"must be >= 1, got {vd}")
     _require(s, bool(d.train), "data.train", "lists no record file")
     _require(s, d.turns in TURNS, "data.turns", f"must be one of {TURNS}, got {d.turns!r}")
     for task, w in d.task_weights.items():

@@ -203,7 +203,8 @@ def build_bundle(config: Config) -> ModelBundle:
     init = config.model.init
     if init == "tiny-random":
         tiny = config.model.tiny
-        return tiny_random(seed=tiny.seed, hidden=tiny.hidden, layers=tiny.layers)
+        return tiny_random(seed=tiny.seed, hidden=tiny.hidden, layers=tiny.layers,
+                           vision_hidden=tiny.vision_hidden, vision_depth=tiny.vision_depth)
     if "${" in init or init.startswith("$"):
         raise ConfigError(config.source, "model.init", f"{init!r}: its environment variable is not set")
     return load_checkpoint(init, device="cpu", dtype=torch.float32)

@@ -31,13 +31,18 @@ class ModelPlan:
     layers: int
     seed: int = 0
     adapt_steps: int | list[int] | None = None  # this model's Stage I steps (one count, or one per phase)
+    ar_steps: int | None = None  # this model's AR pretraining steps, when not the plan's
+    vision_hidden: int = 64  # the vision tower's width and depth
+    vision_depth: int = 2
 
 
 @dataclass(slots=True)
 class HierarchyPlan:
     root: str
     scenarios: str = "all"
-    episodes: int = 20  # per scenario and training split
+    episodes: int = 20  # per scenario and split (train / val / test)
+    eval_episodes: int | None = None  # per scenario for val and test, when not ``episodes``
+    task_weights: dict[str, float] | None = None  # the training mix (data.task_weights); None: the configs' own
     workers: int = 1
     teacher: ModelPlan = field(default_factory=lambda: ModelPlan(128, 4, 0))
     student: ModelPlan = field(default_factory=lambda: ModelPlan(64, 2, 1))
@@ -93,13 +98,16 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
     resolved to its latest checkpoint when the step starts (``@run:<dir>``)."""
     root, data = Path(plan.root), Path(plan.root) / "data" / "train.json"
     common = [f"data.train=[{data}]", f"train.batch_size={plan.batch_size}",
-              f"out.checkpoint_every={plan.checkpoint_every}", "out.keep=2"]
+              f"out.checkpoint_every={plan.checkpoint_every}", "out.keep=2",
+              *(f"data.task_weights.{task}={w}" for task, w in (plan.task_weights or {}).items())]
     steps: list[Step] = []
     for who in ("teacher", "student"):
         m: ModelPlan = getattr(plan, who)
         ar_dir = root / who / "ar"
-        steps.append(Step(f"{who}/ar", "ar", "tiny_ar", ar_dir, plan.ar_steps, [
-            *common, f"model.tiny.hidden={m.hidden}", f"model.tiny.layers={m.layers}", f"model.tiny.seed={m.seed}"]))
+        ar_steps = m.ar_steps if m.ar_steps is not None else plan.ar_steps
+        steps.append(Step(f"{who}/ar", "ar", "tiny_ar", ar_dir, ar_steps, [
+            *common, f"model.tiny.hidden={m.hidden}", f"model.tiny.layers={m.layers}", f"model.tiny.seed={m.seed}",
+            f"model.tiny.vision_hidden={m.vision_hidden}", f"model.tiny.vision_depth={m.vision_depth}"]))
         previous = ar_dir
         for b, phase_steps in zip(plan.curriculum, adapt_schedule(plan, m)):
             out = root / who / "adapt" / f"b{b:02d}"
@@ -178,10 +186,14 @@ def ensure_data(plan: HierarchyPlan, progress: bool) -> Path:
         return out
     from wamdiff_ros.world.dataset import main as export
 
-    args = ["generate", "--scenarios", plan.scenarios, "--episodes", str(plan.episodes), "--split", "train,val,test",
-            "--workers", str(plan.workers), "--out", str(out), "--overwrite"]
-    if export(args + ([] if progress else ["--no-progress"])) != 0:
-        raise RuntimeError(f"the world's data export into {out} failed")
+    held_out = plan.episodes if plan.eval_episodes is None else plan.eval_episodes
+    runs = [("train,val,test", plan.episodes)] if held_out == plan.episodes else [("train", plan.episodes),
+                                                                                    ("val,test", held_out)]
+    for splits, episodes in runs:
+        args = ["generate", "--scenarios", plan.scenarios, "--episodes", str(episodes), "--split", splits,
+                "--workers", str(plan.workers), "--out", str(out), "--overwrite"]
+        if export(args + ([] if progress else ["--no-progress"])) != 0:
+            raise RuntimeError(f"the world's data export into {out} failed")
     return out
 
 

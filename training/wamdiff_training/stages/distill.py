@@ -199,7 +199,8 @@ def load_teacher(spec: str, tiny: TinyModel, student: ModelBundle, block_size: i
     if spec == "tiny-random":
         meta = (DecodeMeta(prediction="next_token", trained_block_size=1, prompt_attention="causal") if ar
                 else DecodeMeta(trained_block_size=block_size or 8))
-        bundle = tiny_random(seed=tiny.seed, hidden=tiny.hidden, layers=tiny.layers, meta=meta)
+        bundle = tiny_random(seed=tiny.seed, hidden=tiny.hidden, layers=tiny.layers,
+                             vision_hidden=tiny.vision_hidden, vision_depth=tiny.vision_depth, meta=meta)
     else:
         bundle = load_checkpoint(spec, device="cpu", dtype=torch.float32)
     if (bundle.mask_token_id, bundle.eos_token_id) != (student.mask_token_id, student.eos_token_id) or \
