@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +21,7 @@ except ImportError:  # not installed: use the checkout's training/ folder
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.model import DecodeMeta, save_checkpoint, tiny_random
+from wamdiff_ros.planner import EgoState
 from wamdiff_ros.world.dataset import main as export
 from wamdiff_training import evaluation
 from wamdiff_training.cli import main as train_main
@@ -155,3 +157,23 @@ def test_plan_inputs_rebuild_the_prompt(command):
     assert parsed is command and fmt.plan_prompt(parsed, ego.velocity, ego.acceleration) == user
     question = evaluation.question_of(Record("q", Path("x.png"), fmt.ask_prompt("Is the lane free?"), "", "ask"))
     assert question == "Is the lane free?"
+
+
+def test_behaviour_groups_and_the_constant_velocity_reference():
+    from wamdiff_training.evaluation import behaviour_of, by_behaviour, constant_velocity_plan
+
+    def record(expert):
+        return Record("r", Path("x.png"), "", "", "plan", {"expert": expert})
+
+    assert behaviour_of(record("free"), fmt.Command.FOLLOW) == "cruise"
+    assert behaviour_of(record("free"), fmt.Command.LEFT) == "junction"
+    assert behaviour_of(record("lane change no gap"), fmt.Command.FOLLOW) == "lane_change"
+    assert behaviour_of(record("yield"), fmt.Command.RIGHT) == "yield"
+    cv = constant_velocity_plan(EgoState((10.0, 1.0), (3.0, 0.0)))
+    assert np.allclose(cv[0], [5.0, 0.5]) and np.allclose(cv[-1], [40.0, 4.0])  # 0.5 s apart, acceleration ignored
+
+    turn = cv + np.array([0.0, 2.0])
+    groups = by_behaviour([cv, "not waypoints", turn], [cv, cv, cv], [turn, turn, turn], ["cruise", "cruise", "yield"])
+    assert list(groups) == ["cruise", "yield"]
+    assert groups["cruise"] == {"plans": 2, "valid": 1, "l2_mean": 0.0, "constant_velocity_l2_mean": 2.0}
+    assert groups["yield"]["l2_mean"] == 2.0

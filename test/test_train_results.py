@@ -120,6 +120,9 @@ def test_open_loop_json(evaluated, fake):
         for row in e["plan"]:
             assert len(row["l2_per_waypoint"]) == fmt.NUM_WAYPOINTS and row["plans"] == 1
             assert 0 < row["forward_calls_per_token"] <= 1 and row["tokens_per_s"] > 0
+            (group, numbers), = row["by_behaviour"].items()  # the one plan record: its expert behaviour
+            assert group in ("cruise", "lane_change", "yield") and numbers["plans"] == 1
+            assert numbers["constant_velocity_l2_mean"] >= 0
         assert 0 <= e["token_accuracy"] <= 1 and e["detection"]["records"] == 1 and e["questions"] == 1
     assert ok["teacher_b32"]["rho"] is None  # the rho teacher itself
     assert ok["student_final"]["rho"]["value"] == 1.0 and ok["student_final"]["rho"]["k"] == 5  # the same weights
@@ -197,6 +200,8 @@ def test_render_tables(rendered):
     assert re.search(r"^\| direct AR → B=32 \(no curriculum\) \| not run \|", text, re.M)
     assert re.search(r"^\| student Stage I B=8 \| B=8, t=0\.90 \| 4 \|", text, re.M)
     assert re.search(r"^\| forward KL \| not run \|", text, re.M)
+    behaviours = text.split("### Plan L2 by what the expert does")[1].split("###")[0]
+    assert re.search(r"^\| student AR \| [\d.]+ \([\d.]+\) \|", behaviours, re.M)
     sweep = text.split("### Threshold sweep")[1].split("##")[0]
     assert [float(t) for t in re.findall(r"^\| (0\.\d+) \|", sweep, re.M)] == sorted(results.SWEEP, reverse=True)
     figure = md.parent / "results" / results.FIGURE

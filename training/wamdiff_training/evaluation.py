@@ -142,9 +142,46 @@ def _speed(plans: list[Plan]) -> dict:
             / max(len(plans), 1)}
 
 
+BEHAVIOURS = ("cruise", "junction", "lane_change", "yield")
+
+
+def behaviour_of(record: Record, command: fmt.Command) -> str:
+    """What the expert is doing in a plan record (its ``meta``): ``yield`` (waiting for traffic), ``lane_change``,
+    ``junction`` (a commanded turn or crossing: left / right / straight), else ``cruise`` (lane keeping, following)."""
+    expert = str(record.meta.get("expert", ""))
+    if expert == "yield":
+        return "yield"
+    if expert.startswith("lane change"):
+        return "lane_change"
+    return "junction" if command != fmt.Command.FOLLOW else "cruise"
+
+
+def constant_velocity_plan(ego: EgoState) -> np.ndarray:
+    """The constant-velocity baseline's waypoints (``ConstantVelocityPlanner``) for an ego state."""
+    t = np.arange(1, fmt.NUM_WAYPOINTS + 1)[:, None] * fmt.WAYPOINT_DT_S
+    return t * np.asarray(ego.velocity, dtype=np.float64)[None]
+
+
+def by_behaviour(predicted: list, references: list[np.ndarray], baselines: list[np.ndarray], groups: list[str]
+                 ) -> dict:
+    """Mean plan L2 per expert behaviour, next to constant velocity's on the same records: whether a model uses
+    the command and the camera (a model that ignores both is no better than constant velocity at junctions)."""
+    out = {}
+    for name in BEHAVIOURS:
+        idx = [i for i, g in enumerate(groups) if g == name]
+        if not idx:
+            continue
+        model = waypoint_l2([predicted[i] for i in idx], [references[i] for i in idx])
+        cv = waypoint_l2([baselines[i] for i in idx], [references[i] for i in idx])
+        out[name] = {"plans": len(idx), "valid": model.valid, "l2_mean": model.mean,
+                     "constant_velocity_l2_mean": cv.mean}
+    return out
+
+
 def plan_row(planner: Planner, records: list[Record], images: dict, bar, threshold: float | None) -> dict:
-    """Decode every plan record; per-waypoint L2 against the reference answer (the exposure-bias curve)."""
-    plans, references = [], []
+    """Decode every plan record; per-waypoint L2 against the reference answer (the exposure-bias curve), and mean
+    L2 per expert behaviour next to constant velocity's."""
+    plans, references, baselines, groups = [], [], [], []
     for r in records:
         reference = fmt.parse_waypoints(r.answer)
         if not reference.valid:
@@ -152,11 +189,15 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
         ego, command = plan_inputs(r)
         plans.append(planner.plan(images[r.image_path], ego, command))
         references.append(reference.waypoints)
+        baselines.append(constant_velocity_plan(ego))
+        groups.append(behaviour_of(r, command))
         bar.update()
-    errors = waypoint_l2([p.waypoints if p.valid else p.text for p in plans], references)
+    predicted = [p.waypoints if p.valid else p.text for p in plans]
+    errors = waypoint_l2(predicted, references)
     return {"threshold": threshold, "plans": len(plans), "valid": errors.valid, "invalid": errors.invalid,
             "invalid_rate": errors.invalid / len(plans) if plans else math.nan,
-            "l2_per_waypoint": errors.per_waypoint.tolist(), "l2_mean": errors.mean, **_speed(plans)}
+            "l2_per_waypoint": errors.per_waypoint.tolist(), "l2_mean": errors.mean,
+            "by_behaviour": by_behaviour(predicted, references, baselines, groups), **_speed(plans)}
 
 
 def _normalise(text: str) -> str:

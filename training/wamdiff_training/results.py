@@ -262,7 +262,7 @@ def compact_eval(e: dict, result: dict) -> dict:
         "plan": [{"threshold": r["threshold"], "plans": r["plans"], "invalid_rate": r["invalid_rate"],
                   "l2_mean": r["l2_mean"], "l2_per_waypoint": r["l2_per_waypoint"],
                   "forward_calls_per_token": r["forward_calls_per_token"], "tokens_per_s": r["tokens_per_s"],
-                  "latency_ms": r["latency_ms"]} for r in e["plan"]["sweep"]],
+                  "latency_ms": r["latency_ms"], "by_behaviour": r.get("by_behaviour")} for r in e["plan"]["sweep"]],
         "token_accuracy": tf["token_accuracy"], "token_accuracy_states": tf["states"],
         "detection": {k: det[k] for k in ("records", "invalid", "precision", "recall", "map50")},
         "question_accuracy": ask["exact_match"], "question_accuracy_normalised": ask["normalised_match"],
@@ -799,6 +799,7 @@ def render_open_loop(piece: dict | None) -> list[str]:
     lines += _table(METRIC_HEAD, [_metric_cells(entries.get(t.key), t.label) for t in OPEN_LOOP], METRIC_ALIGN)
     lines += _reasons(entries)
     final = _ok(piece, SWEPT)
+    lines += render_behaviours(entries)
     lines += ["", "### Per-waypoint L2 (m)", ""]
     lines += _table(["model", *(f"wp{i}" for i in range(1, 9))],
                     [[t.label, *[_f(v) for v in _row_at(entries[t.key])["l2_per_waypoint"]]]
@@ -814,6 +815,25 @@ def render_open_loop(piece: dict | None) -> list[str]:
                           _f(r["invalid_rate"], 1, True), _f(r["forward_calls_per_token"], 3),
                           _f(r["tokens_per_s"], 0), _f(r["latency_ms"], 0)] for r in rows])
     return lines + [""]
+
+
+def render_behaviours(entries: dict) -> list[str]:
+    """Plan L2 per expert behaviour next to constant velocity's on the same records (rows of models evaluated
+    before the breakdown existed are left out)."""
+    found = []
+    for t in OPEN_LOOP:
+        row = _row_at(entries[t.key]) if t.key in entries and entries[t.key].get("status") == "ok" else None
+        if (row or {}).get("by_behaviour"):
+            found.append((t.label, row["by_behaviour"]))
+    if not found:
+        return []
+    counts = {name: g["plans"] for name, g in found[0][1].items()}  # the same records for every model
+    rows = [[label, *(f"{_f(groups[b]['l2_mean'])} ({_f(groups[b]['constant_velocity_l2_mean'])})"
+                      if b in groups else "–" for b in counts)] for label, groups in found]
+    return ["", "### Plan L2 by what the expert does (m; constant velocity on the same records in brackets)", "",
+            "A model that ignores the command and the camera is no better than constant velocity at junctions, lane "
+            "changes and yields. Records per group: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + ".", "",
+            *_table(["model", *counts], rows)]
 
 
 def render_fixed(piece: dict | None, name: str, title: str, targets: tuple[Target, ...], intro: str) -> list[str]:
