@@ -22,7 +22,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.world.dataset import main as export
-from wamdiff_training.data import RecordError, SampleDataset, encode_record, load_records
+from wamdiff_training.data import Record, RecordError, SampleDataset, encode_record, load_records, mix_group
 from wamdiff_training.sampling import TaskMix, TaskMixSampler
 
 TASKS = ["plan"] * 30 + ["detect"] * 30 + ["ask"] * 60
@@ -205,6 +205,22 @@ def test_task_mixing_proportions_over_many_draws():
     counts = Counter(sampler.epoch_indices(e)[k] for e in range(40) for k in range(101))
     plan = [counts[i] for i in range(30)]
     assert sum(plan) == 40 * 58 and 40 <= min(plan) and max(plan) <= 80
+
+
+def test_behaviour_groups_take_their_share_out_of_the_plan_task():
+    def record(task, expert=None, command="follow"):
+        meta = {} if expert is None else {"expert": expert, "command": command}
+        return Record(f"r{expert}", Path("x.png"), "", "", task, meta)
+
+    weights = {"plan": 1.0, "plan/lane_change": 1.0, "plan/junction": 2.0, "detect": 0.5}
+    records = [record("plan", "free")] * 6 + [record("plan", "lane change free")] * 2 \
+        + [record("plan", "free", "left")] * 2 + [record("plan")] + [record("detect", "free")] * 3
+    groups = [mix_group(r, weights) for r in records]
+    assert groups == ["plan"] * 6 + ["plan/lane_change"] * 2 + ["plan/junction"] * 2 + ["plan"] + ["detect"] * 3
+    assert mix_group(record("plan", "yield"), weights) == "plan"  # no weight of its own: the plan task's share
+    sampler = TaskMixSampler(groups, TaskMix(weights), batch_size=9, seed=0, epoch_size=900)
+    drawn = Counter(groups[i] for batch in sampler for i in batch)
+    assert drawn == {"plan": 200, "plan/lane_change": 200, "plan/junction": 400, "detect": 100}
 
 
 def test_sharding_is_disjoint_equal_and_covers_the_epoch():

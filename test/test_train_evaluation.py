@@ -160,20 +160,20 @@ def test_plan_inputs_rebuild_the_prompt(command):
 
 
 def test_behaviour_groups_and_the_constant_velocity_reference():
-    from wamdiff_training.evaluation import behaviour_of, by_behaviour, constant_velocity_plan
+    from wamdiff_training.data import behaviour_of
+    from wamdiff_training.evaluation import by_behaviour, constant_velocity_plan
 
-    def record(expert):
-        return Record("r", Path("x.png"), "", "", "plan", {"expert": expert})
-
-    assert behaviour_of(record("free"), fmt.Command.FOLLOW) == "cruise"
-    assert behaviour_of(record("free"), fmt.Command.LEFT) == "junction"
-    assert behaviour_of(record("lane change no gap"), fmt.Command.FOLLOW) == "lane_change"
-    assert behaviour_of(record("yield"), fmt.Command.RIGHT) == "yield"
+    assert behaviour_of({"expert": "free", "command": "follow"}) == "cruise"
+    assert behaviour_of({"expert": "free", "command": "left"}) == "junction"
+    assert behaviour_of({"expert": "lane change no gap", "command": "follow"}) == "lane_change"
+    assert behaviour_of({"expert": "yield", "command": "right"}) == "yield"
+    assert behaviour_of({"scenario": "navsim"}) is None  # not a world record
     cv = constant_velocity_plan(EgoState((10.0, 1.0), (3.0, 0.0)))
     assert np.allclose(cv[0], [5.0, 0.5]) and np.allclose(cv[-1], [40.0, 4.0])  # 0.5 s apart, acceleration ignored
 
     turn = cv + np.array([0.0, 2.0])
-    groups = by_behaviour([cv, "not waypoints", turn], [cv, cv, cv], [turn, turn, turn], ["cruise", "cruise", "yield"])
-    assert list(groups) == ["cruise", "yield"]
+    groups = by_behaviour([cv, "not waypoints", turn, cv], [cv, cv, cv, cv], [turn, turn, turn, turn],
+                          ["cruise", "cruise", "yield", None])
+    assert list(groups) == ["cruise", "yield", "other"]
     assert groups["cruise"] == {"plans": 2, "valid": 1, "l2_mean": 0.0, "constant_velocity_l2_mean": 2.0}
     assert groups["yield"]["l2_mean"] == 2.0

@@ -76,6 +76,33 @@ class Sample:
         return int(self.prompt_ids.numel() + self.answer_ids.numel())
 
 
+BEHAVIOURS = ("cruise", "junction", "lane_change", "yield")
+
+
+def behaviour_of(meta: dict) -> str | None:
+    """What the expert does in a world plan record (its ``meta``): ``yield`` (waiting for traffic), ``lane_change``,
+    ``junction`` (a commanded turn or crossing: left / right / straight), else ``cruise`` (lane keeping, following).
+    None for records without the world's ``expert`` / ``command`` fields (other datasets)."""
+    expert, command = meta.get("expert"), meta.get("command")
+    if expert is None or command is None:
+        return None
+    if expert == "yield":
+        return "yield"
+    if str(expert).startswith("lane change"):
+        return "lane_change"
+    return "junction" if command != "follow" else "cruise"
+
+
+def mix_group(record: Record, weights: dict[str, float]) -> str:
+    """The sampling group of a record under ``data.task_weights``: ``"<task>/<behaviour>"`` when the weights name
+    that group (e.g. ``plan/lane_change``), else its task; a named group's share is taken out of its task's."""
+    if record.task == "plan":
+        behaviour = behaviour_of(record.meta)
+        if behaviour is not None and f"plan/{behaviour}" in weights:
+            return f"plan/{behaviour}"
+    return record.task
+
+
 def infer_task(answer: str) -> str:
     if fmt.parse_waypoints(answer).valid:
         return fmt.Task.PLAN.value

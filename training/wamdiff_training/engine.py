@@ -30,7 +30,7 @@ from torch import nn
 from wamdiff_ros.model import DecodeMeta, ModelBundle, load_checkpoint, tiny_random
 from wamdiff_training import checkpoint
 from wamdiff_training.config import Config, ConfigError
-from wamdiff_training.data import Sample, SampleDataset, load_records
+from wamdiff_training.data import Sample, SampleDataset, load_records, mix_group
 from wamdiff_training.metrics_log import MetricsLog
 from wamdiff_training.sampling import TaskMix, TaskMixSampler
 
@@ -245,8 +245,9 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
         bundle = build_bundle(config)
     records = load_records(config.data.train, config.data.root, config.data.turns)[: config.data.limit]
     dataset = SampleDataset(records, bundle, config.data.cache_size)
-    sampler = TaskMixSampler(records, TaskMix(config.data.task_weights), t.batch_size * t.grad_accum, seed=t.seed,
-                             rank=ctx.rank, world_size=ctx.world_size, epoch_size=config.data.epoch_size)
+    weights = config.data.task_weights
+    sampler = TaskMixSampler([mix_group(r, weights) for r in records], TaskMix(weights), t.batch_size * t.grad_accum,
+                             seed=t.seed, rank=ctx.rank, world_size=ctx.world_size, epoch_size=config.data.epoch_size)
     stage = build_stage(config, bundle)
     bf16 = ctx.device.type == "cuda" and t.precision in ("auto", "bf16")
     if t.precision == "bf16" and not bf16 and ctx.main:

@@ -31,7 +31,7 @@ from wamdiff_ros.errors import CheckpointError, WamDiffError
 from wamdiff_ros.model import TINY_RANDOM, ModelBundle, load
 from wamdiff_ros.planner import EgoState, Plan, Planner
 from wamdiff_training import checkpoint, plots
-from wamdiff_training.data import Record, RecordError, encode_record, load_records
+from wamdiff_training.data import BEHAVIOURS, Record, RecordError, behaviour_of, encode_record, load_records
 from wamdiff_training.detection import detection_metrics
 from wamdiff_training.layout import IGNORE, NEXT_TOKEN, NoiseConfig, ar_layout, diffusion_batch, forward_layouts
 from wamdiff_training.losses import masked_cross_entropy, token_accuracy
@@ -142,20 +142,6 @@ def _speed(plans: list[Plan]) -> dict:
             / max(len(plans), 1)}
 
 
-BEHAVIOURS = ("cruise", "junction", "lane_change", "yield")
-
-
-def behaviour_of(record: Record, command: fmt.Command) -> str:
-    """What the expert is doing in a plan record (its ``meta``): ``yield`` (waiting for traffic), ``lane_change``,
-    ``junction`` (a commanded turn or crossing: left / right / straight), else ``cruise`` (lane keeping, following)."""
-    expert = str(record.meta.get("expert", ""))
-    if expert == "yield":
-        return "yield"
-    if expert.startswith("lane change"):
-        return "lane_change"
-    return "junction" if command != fmt.Command.FOLLOW else "cruise"
-
-
 def constant_velocity_plan(ego: EgoState) -> np.ndarray:
     """The constant-velocity baseline's waypoints (``ConstantVelocityPlanner``) for an ego state."""
     t = np.arange(1, fmt.NUM_WAYPOINTS + 1)[:, None] * fmt.WAYPOINT_DT_S
@@ -167,13 +153,13 @@ def by_behaviour(predicted: list, references: list[np.ndarray], baselines: list[
     """Mean plan L2 per expert behaviour, next to constant velocity's on the same records: whether a model uses
     the command and the camera (a model that ignores both is no better than constant velocity at junctions)."""
     out = {}
-    for name in BEHAVIOURS:
+    for name in (*BEHAVIOURS, None):
         idx = [i for i, g in enumerate(groups) if g == name]
         if not idx:
             continue
         model = waypoint_l2([predicted[i] for i in idx], [references[i] for i in idx])
         cv = waypoint_l2([baselines[i] for i in idx], [references[i] for i in idx])
-        out[name] = {"plans": len(idx), "valid": model.valid, "l2_mean": model.mean,
+        out[name or "other"] = {"plans": len(idx), "valid": model.valid, "l2_mean": model.mean,
                      "constant_velocity_l2_mean": cv.mean}
     return out
 
@@ -190,7 +176,7 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
         plans.append(planner.plan(images[r.image_path], ego, command))
         references.append(reference.waypoints)
         baselines.append(constant_velocity_plan(ego))
-        groups.append(behaviour_of(r, command))
+        groups.append(behaviour_of(r.meta))
         bar.update()
     predicted = [p.waypoints if p.valid else p.text for p in plans]
     errors = waypoint_l2(predicted, references)
