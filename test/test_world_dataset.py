@@ -1,6 +1,6 @@
 """Tests for the dataset export (``wamdiff-data generate``): answers that parse and match the expert, prompts
 byte-identical to the planner's, images, determinism, disjoint split seeds, DAgger-lite perturbations, the privileged
-questions, the preview and the CLI's errors. Small: 1 episode of 2 scenarios cut after a few seconds."""
+questions, DAgger rollouts (a driver takes turns with the expert), the preview and the CLI's errors. Small: 1 episode of 2 scenarios cut after a few seconds."""
 
 from __future__ import annotations
 
@@ -180,6 +180,60 @@ def test_noise_fraction_zero_never_perturbs():
     assert 70 < hits < 130  # about half at the default 0.5
 
 
+def _veer_left(image, velocity, acceleration, command):
+    """A driver that keeps its speed and bends left at 0.8 m/s^2: where it takes the ego, the expert must steer back."""
+    t = np.arange(1, fmt.NUM_WAYPOINTS + 1)[:, None] * fmt.WAYPOINT_DT_S
+    return np.concatenate([float(np.hypot(*velocity)) * t, 0.4 * t**2], axis=1)
+
+
+def _never_called(*_):
+    raise AssertionError("the driver was asked for a plan although the expert drives every interval")
+
+
+def test_a_dagger_driver_takes_its_share_and_the_expert_labels_where_it_drives_to():
+    spec, config = SET.get("highway"), RolloutConfig(noise=NoiseConfig(fraction=0.0), questions_per_frame=0,
+                                                     max_seconds=12.0, expert_share=0.5)
+    ep = rollout(spec, 0, config, SET, driver=_veer_left)
+    drivers = [f.driver for f in ep.frames]
+    assert set(drivers) == {"expert", "model"} and 0.2 < drivers.count("model") / len(drivers) < 0.8
+    clean = rollout(spec, 0, config, SET)
+    assert not any(np.array_equal(a.image, b.image) for a, b in zip(clean.frames[8:], ep.frames[8:]))
+    # after an interval of drifting left the expert's label steers right; the clean episode is straight by then
+    after = [f.waypoints[-1, 1] for prev, f in zip(ep.frames, ep.frames[1:]) if prev.driver == "model" and f.t > 4]
+    assert after and np.mean(after) < -1.0
+    assert max(abs(f.waypoints[-1, 1]) for f in clean.frames if f.t > 4) < 0.1
+    assert rollout(spec, 0, config, SET, driver=_veer_left).frames[-1].waypoints.tolist() == \
+        ep.frames[-1].waypoints.tolist()  # deterministic
+    # expert_share 1: the driver is never asked and the episode is the expert's; 0: the driver drives throughout
+    only_expert = rollout(spec, 0, replace(config, expert_share=1.0), SET, driver=_never_called)
+    assert all(np.array_equal(a.image, b.image) and np.array_equal(a.waypoints, b.waypoints)
+               for a, b in zip(clean.frames, only_expert.frames))
+    only_model = rollout(spec, 0, replace(config, expert_share=0.0, max_seconds=3.0), SET, driver=_veer_left)
+    assert {f.driver for f in only_model.frames} == {"model"}
+    with pytest.raises(DatasetError, match="expert_share"):
+        RolloutConfig(expert_share=1.5)
+
+
+def test_cli_dagger_with_the_shipped_model_records_who_drove(tmp_path, capsys):
+    from wamdiff_ros.model_names import DEFAULT_MODEL, PACKAGED_MODELS
+
+    out, model = tmp_path / "dagger", PACKAGED_MODELS[DEFAULT_MODEL]
+    assert main(["generate", "--scenarios", "highway", "--episodes", "1", "--max-seconds", "4", "--noise-fraction",
+                 "0", "--questions", "0", "--driver", str(model), "--expert-share", "0.3", "--out", str(out),
+                 "--preview", "0", "--no-progress"]) == 0
+    samples, manifest = json.loads((out / "train.json").read_text()), json.loads((out / "manifest.json").read_text())
+    assert manifest["dagger"] == {"driver": str(model), "expert_share": 0.3}
+    driven = [s for s in samples if s["meta"]["driver"] == "model"]
+    assert driven and manifest["splits"]["train"]["counts"]["model_driven_samples"] == len(driven)
+    assert manifest["splits"]["train"]["episodes"][0]["model_driven_frames"] == sum(
+        s["task"] == "plan" for s in driven)
+    capsys.readouterr()
+    assert main(["generate", "--scenarios", "highway", "--episodes", "1", "--driver", str(tmp_path / "nothing"),
+                 "--out", str(tmp_path / "z")]) == 2
+    err = capsys.readouterr().err
+    assert "--driver" in err and "nothing" in err
+
+
 def test_preview_is_a_non_empty_png(exported):
     out, _, _ = exported
     preview = Image.open(out / "preview.png")
@@ -263,6 +317,7 @@ def test_cli_rejects_a_non_empty_out_dir_and_bad_settings(exported, tmp_path, ca
     assert "--overwrite" in capsys.readouterr().err
     for extra, message in ((["--sample-period", "0.07"], "multiple of the sim step"),
                            (["--split", "dev"], "dev"), (["--noise-fraction", "1.5"], "--noise-fraction"),
+                           (["--expert-share", "-0.1"], "--expert-share"),
                            (["--seed-offset", str(SEEDS_PER_SPLIT)], "--seed-offset")):
         rc = main(["generate", "--scenarios", "highway", "--episodes", "1", "--out", str(tmp_path / "y"), *extra])
         assert rc == 2 and message in capsys.readouterr().err

@@ -4,7 +4,8 @@ Layout of ``DIR``: ``<split>.json`` (a list of ``{"id", "image", "conversations"
 a plan, a detect and a few ask samples), ``images/<split>/<scenario>_<seed>_<frame>.png``, ``manifest.json`` and
 ``preview.png``. Prompts and answers come from ``wamdiff_ros.format`` only, built exactly as ``Planner`` builds them:
 ``meta`` keeps the raw ego floats given to ``EgoState``, so the prompt can be rebuilt byte for byte. The rollouts are
-``wamdiff_ros.world.demonstrations``; the questions ``wamdiff_ros.world.questions``.
+``wamdiff_ros.world.demonstrations``; the questions ``wamdiff_ros.world.questions``. ``--driver MODEL`` makes DAgger
+data: a trained model drives part of each episode (``--expert-share``) and the expert labels every frame.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def records(frame: Frame, split: str, kind: str, perturbed_episode: bool) -> lis
         "speed": frame.speed, "perturbed": p is not None, "episode_perturbed": perturbed_episode,
         "perturbation": None if p is None else {"steer_rad": p.steer_rad, "accel_mps2": p.accel_mps2},
         "expert": frame.expert_reason, "infractions": frame.infractions, "vehicles_labelled": len(frame.boxes),
+        "driver": frame.driver,
     }
     image, stem = image_path(split, frame), f"{split}_{frame.scenario}_{frame.seed}_{frame.index:04d}"
 
@@ -77,11 +79,36 @@ class _Job:
     config: RolloutConfig
     scenarios: ScenarioSet
     out: str
+    driver: str | None = None  # model folder for DAgger rollouts
+
+
+class PlannerDriver:
+    """A ``Planner`` as a DAgger driver: its waypoints, or None when its answer did not parse."""
+
+    def __init__(self, model: str) -> None:
+        from wamdiff_ros.planner import EgoState, Planner  # torch only when a model drives
+
+        self._planner, self._ego = Planner.from_pretrained(model), EgoState
+
+    def __call__(self, image, velocity, acceleration, command):
+        plan = self._planner.plan(image, self._ego(velocity, acceleration), command)
+        return plan.waypoints if plan.valid else None
+
+
+_DRIVERS: dict[str, PlannerDriver] = {}  # one loaded model per process
+
+
+def _driver(model: str | None) -> PlannerDriver | None:
+    if model is None:
+        return None
+    if model not in _DRIVERS:
+        _DRIVERS[model] = PlannerDriver(model)
+    return _DRIVERS[model]
 
 
 def _export_episode(job: _Job) -> tuple[list[dict], dict]:
     """Roll out, write the images, return the samples and the episode's manifest entry."""
-    ep = rollout(job.spec, job.seed, job.config, job.scenarios)
+    ep = rollout(job.spec, job.seed, job.config, job.scenarios, _driver(job.driver))
     out = []
     for frame in ep.frames:
         path = Path(job.out) / image_path(job.split, frame)
@@ -89,6 +116,7 @@ def _export_episode(job: _Job) -> tuple[list[dict], dict]:
         out += records(frame, job.split, job.spec.kind, ep.perturbed)
     entry = {"scenario": ep.scenario, "seed": ep.seed, "frames": len(ep.frames), "sim_s": ep.sim_s,
              "end_reason": ep.end_reason, "perturbed": ep.perturbed,
+             "model_driven_frames": sum(f.driver == "model" for f in ep.frames),
              "perturbations": [asdict(p) for p in ep.perturbations]}
     return out, entry
 
@@ -111,7 +139,7 @@ def _single_threaded_children():
 
 def generate_split(out: Path, specs: list[ScenarioSpec], episodes: int, split: str, config: RolloutConfig,
                    scenarios: ScenarioSet, seed_offset: int = 0, workers: int = 1,
-                   progress: bool = True) -> tuple[list[dict], list[dict]]:
+                   progress: bool = True, driver: str | None = None) -> tuple[list[dict], list[dict]]:
     """Episodes ``seed_offset .. seed_offset + episodes - 1`` of ``split`` for every scenario: writes the images and
     returns (samples, episode entries), ordered by scenario, seed, frame, task whatever the worker count."""
     if split not in SPLIT_SEED_BASE:
@@ -120,7 +148,7 @@ def generate_split(out: Path, specs: list[ScenarioSpec], episodes: int, split: s
         raise DatasetError(f"seed offset + episodes must lie in [0, {SEEDS_PER_SPLIT}] so splits never share a seed")
     (out / "images" / split).mkdir(parents=True, exist_ok=True)
     base = SPLIT_SEED_BASE[split] + seed_offset
-    jobs = [_Job(s, base + i, split, config, scenarios, str(out)) for s in specs for i in range(episodes)]
+    jobs = [_Job(s, base + i, split, config, scenarios, str(out), driver) for s in specs for i in range(episodes)]
     results: list = [None] * len(jobs)
     bar = tqdm(total=len(jobs), desc=f"{split} episodes", unit="ep", disable=not progress)
     if workers <= 1:
@@ -140,6 +168,7 @@ def generate_split(out: Path, specs: list[ScenarioSpec], episodes: int, split: s
 def counts(samples: list[dict]) -> dict:
     return {"samples": len(samples), "images": len({s["image"] for s in samples}),
             "perturbed_samples": sum(s["meta"]["perturbed"] for s in samples),
+            "model_driven_samples": sum(s["meta"].get("driver") == "model" for s in samples),
             "task": dict(Counter(s["task"] for s in samples)),
             "scenario": dict(Counter(s["meta"]["scenario"] for s in samples))}
 
@@ -189,6 +218,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed-offset", type=int, default=0, help="first episode index within the split")
     g.add_argument("--sample-period", type=float, default=0.5, help="seconds between samples")
     g.add_argument("--noise-fraction", type=float, default=0.5, help="fraction of perturbed episodes")
+    g.add_argument("--driver", default=None, metavar="MODEL",
+                   help="DAgger: a model folder or checkpoint that drives part of each episode; labels stay the "
+                        "expert's (use --noise-fraction 0 and fresh --seed-offset episodes)")
+    g.add_argument("--expert-share", type=float, default=0.5,
+                   help="with --driver: probability that a 0.5 s sample interval is driven by the expert")
     g.add_argument("--questions", type=int, default=2, help="ask samples per image")
     g.add_argument("--max-seconds", type=float, default=None, help="cut each episode after this sim time")
     g.add_argument("--workers", type=int, default=1)
@@ -207,6 +241,7 @@ def _check(args: argparse.Namespace, splits: list[str]) -> None:
     for name, ok in (("--episodes", args.episodes >= 1), ("--workers", args.workers >= 1),
                      ("--preview", args.preview >= 0), ("--questions", args.questions >= 0),
                      ("--sample-period", args.sample_period > 0), ("--noise-fraction", 0 <= args.noise_fraction <= 1),
+                     ("--expert-share", 0 <= args.expert_share <= 1),
                      ("--max-seconds", args.max_seconds is None or args.max_seconds > 0),
                      ("--seed-offset", 0 <= args.seed_offset <= SEEDS_PER_SPLIT - args.episodes)):
         if not ok:
@@ -222,7 +257,9 @@ def generate(args: argparse.Namespace, argv: list[str]) -> None:
     specs = scenarios.select(args.scenarios)
     _check(args, splits)
     config = RolloutConfig(args.sample_period, NoiseConfig(fraction=args.noise_fraction), args.questions,
-                           args.max_seconds)
+                           args.max_seconds, expert_share=args.expert_share)
+    if args.driver is not None and not Path(args.driver).is_dir():
+        raise DatasetError(f"--driver {args.driver}: not a model folder")
     sample_steps(config.sample_period_s, 1.0 / scenarios.sim_hz, "--sample-period")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -234,6 +271,7 @@ def generate(args: argparse.Namespace, argv: list[str]) -> None:
         "scenario_set": {"version": scenarios.version, "source": scenarios.source},
         "camera": asdict(config.camera), "split_seed_base": SPLIT_SEED_BASE, "questions": questions.QUESTIONS,
         "noise": asdict(config.noise), "replan_hz": REPLAN_HZ,
+        "dagger": None if args.driver is None else {"driver": str(args.driver), "expert_share": args.expert_share},
     })
     manifest.setdefault("splits", {})
     preview_from = None
@@ -241,7 +279,7 @@ def generate(args: argparse.Namespace, argv: list[str]) -> None:
         (out / f"{split}.json").unlink(missing_ok=True)
         shutil.rmtree(out / "images" / split, ignore_errors=True)
         samples, episodes = generate_split(out, specs, args.episodes, split, config, scenarios, args.seed_offset,
-                                           args.workers, not args.no_progress)
+                                           args.workers, not args.no_progress, args.driver)
         (out / f"{split}.json").write_text(json.dumps(samples, indent=1))
         base = SPLIT_SEED_BASE[split] + args.seed_offset
         manifest["splits"][split] = {

@@ -5,12 +5,18 @@ sample, so each label is the plan being followed) and samples the front camera e
 of episodes is perturbed: at random times, for 0.5-1.5 s, the EXECUTED control gets a steering and/or acceleration
 offset while the label stays the expert's plan at the perturbed state, so the data shows recoveries (as in the data
 of TCP / LAV-style imitation). Deterministic per (scenario, seed): seeded numpy generators only.
+
+DAgger (Ross et al., 2011): given a ``driver`` (a trained planner), each sample interval is driven by the driver's plan
+with probability ``1 - expert_share`` and by the expert's otherwise, while every label stays the expert's plan at the
+state reached. The data then covers the states the trained model drives into (the drift and late turns that behaviour
+cloning never sees), labelled with how the expert gets out of them. Deterministic given a deterministic driver.
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -62,9 +68,11 @@ class RolloutConfig:
     max_seconds: float | None = None  # cut episodes (quick sets, tests)
     max_samples: int | None = None
     camera: CameraConfig = field(default_factory=CameraConfig)
+    expert_share: float = 0.5  # with a driver: probability that a sample interval is driven by the expert
 
     def __post_init__(self) -> None:
         checks = {"sample_period_s": self.sample_period_s > 0, "noise.fraction": 0 <= self.noise.fraction <= 1,
+                  "expert_share": 0 <= self.expert_share <= 1,
                   "questions_per_frame": self.questions_per_frame >= 0,
                   "max_seconds": self.max_seconds is None or self.max_seconds > 0,
                   "max_samples": self.max_samples is None or self.max_samples >= 1}
@@ -93,6 +101,14 @@ class Frame:
     expert_reason: str
     infractions: int  # so far in the episode
     executed: np.ndarray | None = None  # (8, 2) where the ego really was at the waypoint times (NaN past the end)
+    driver: str = "expert"  # who drives from this frame to the next: "expert" or "model" (DAgger)
+
+
+class Driver(Protocol):
+    """A trained policy for DAgger rollouts: its plan (8, 2) in the ego frame, or None when it has none."""
+
+    def __call__(self, image: np.ndarray, velocity: tuple[float, float], acceleration: tuple[float, float],
+                 command: fmt.Command) -> np.ndarray | None: ...
 
 
 @dataclass(slots=True)
@@ -135,14 +151,16 @@ def sample_steps(period_s: float, dt: float, what: str) -> int:
 
 
 def rollout(spec: ScenarioSpec, seed: int, config: RolloutConfig = RolloutConfig(),
-            scenarios: ScenarioSet | None = None) -> Episode:
-    """Drive one episode with the expert (plus the episode's perturbations) and sample it."""
+            scenarios: ScenarioSet | None = None, driver: Driver | None = None) -> Episode:
+    """Drive one episode with the expert (plus the episode's perturbations), or with the expert and ``driver`` taking
+    turns (DAgger), and sample it."""
     world = World(spec, seed, scenarios)
     expert, camera = Expert(world), FrontCamera(world.geometry, config.camera)
     gains = FollowerGains.for_world("highway_env")
     follower, actuator = WaypointFollower(gains), HighwayEnvActuator(gains)
     perturbed, schedule = perturbation_schedule(spec, seed, config.noise)
-    ask_rng = _stream(spec, seed, 2)
+    ask_rng, turn_rng = _stream(spec, seed, 2), _stream(spec, seed, 3)
+    driving = "expert"
     sample_every = sample_steps(config.sample_period_s, world.dt, "the sample period")
     replan_every = max(1, round(1.0 / (REPLAN_HZ * world.dt)))
     frames, frame_steps, active, step = [], [], None, 0
@@ -153,15 +171,25 @@ def rollout(spec: ScenarioSpec, seed: int, config: RolloutConfig = RolloutConfig
         if sample and config.max_samples is not None and len(frames) >= config.max_samples:
             break
         noise = next((p for p in schedule if p.active(world.t)), None)
-        if sample or step % replan_every == 0:
+        if sample and driver is not None:
+            driving = "expert" if turn_rng.uniform() < config.expert_share else "model"
+        if sample or step % replan_every == 0:  # the expert replans at its own rate whoever drives (it keeps state)
             plan = expert.plan()
-            active = TrackedPlan(plan.waypoints, world.ego_pose, world.t)
+            if driving == "expert":
+                active = TrackedPlan(plan.waypoints, world.ego_pose, world.t)
         if sample:
             shot = camera.render(world.ego_pose, world.others())
+            velocity, acceleration = world.ego_velocity(), world.ego_acceleration()
+            if driving == "model":
+                own = driver(shot.image, velocity, acceleration, world.command)
+                # a driver without a plan keeps following its previous one, as the node does
+                if own is not None or active is None:
+                    active = TrackedPlan(np.asarray(plan.waypoints if own is None else own), world.ego_pose, world.t)
             frames.append(Frame(
-                spec.name, seed, len(frames), round(world.t, 3), shot.image, world.ego_velocity(),
-                world.ego_acceleration(), world.command, world.ego_speed, np.asarray(plan.waypoints), shot.boxes,
-                questions.ask(world, ask_rng, config.questions_per_frame), noise, plan.reason, len(world.events)))
+                spec.name, seed, len(frames), round(world.t, 3), shot.image, velocity, acceleration, world.command,
+                world.ego_speed, np.asarray(plan.waypoints), shot.boxes,
+                questions.ask(world, ask_rng, config.questions_per_frame), noise, plan.reason, len(world.events),
+                driver=driving))
             frame_steps.append(step)
         acceleration, steer = actuator(follower.step(active, world.ego_pose, world.ego_speed, world.t))
         if noise is not None:
