@@ -144,3 +144,47 @@ def load_plan_from(tmp_path, plan: dict):
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
     return load_plan(path)
+
+
+def test_dagger_rounds_export_with_the_model_driving_and_train_on_the_union(tmp_path, capsys):
+    plan = {"root": str(tmp_path / "h"), "scenarios": "highway", "episodes": 1, "batch_size": 2, "ar_steps": 1,
+            "checkpoint_every": 1, "curriculum": [1, 4], "adapt_steps": 1, "distill_teacher_block": 1,
+            "dagger": {"rounds": 2, "episodes": 1, "expert_share": 0.5, "steps": 1, "lr": 1e-4,
+                       "task_weights": {"plan": 1.0, "plan/junction": 0.3, "detect": 0.2, "ask": 0.1}}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    loaded = load_plan(path)
+    steps = {s.name: s for s in plan_steps(loaded)}
+    names = list(steps)
+    assert names[names.index("student/ar") + 1:names.index("student/adapt/b01")] == [
+        "student/dagger/r01/data", "student/dagger/r01", "student/dagger/r02/data", "student/dagger/r02"]
+    root = Path(plan["root"])
+    r1, r2 = root / "student" / "dagger" / "r01", root / "student" / "dagger" / "r02"
+    # round r is driven by the model so far, on seeds no earlier export used, and trains on every round's data
+    assert f"driver=@run:{root / 'student' / 'ar'}" in steps["student/dagger/r01/data"].overrides
+    assert f"driver=@run:{r1}" in steps["student/dagger/r02/data"].overrides
+    assert [o for o in steps["student/dagger/r02/data"].overrides if o.startswith("seed_offset")] == ["seed_offset=2"]
+    def data_of(step: str, base: str):  # the step's data settings (its @run: links resolve only when it runs)
+        return load_config(CONFIGS / base, [o for o in steps[step].overrides if "@run:" not in o]).data
+
+    union = data_of("student/dagger/r02", "tiny_ar.yaml")
+    assert [Path(p) for p in union.train] == [root / "data" / "train.json", r1 / "data" / "train.json",
+                                              r2 / "data" / "train.json"]
+    assert union.task_weights == plan["dagger"]["task_weights"]
+    assert f"model.init=@run:{r2}" in steps["student/adapt/b01"].overrides  # Stage I starts from the last round
+    later = data_of("student/cross_scale", "tiny_cross_scale.yaml").train
+    assert len(later) == 3 and f"model.init=@run:{r2}" in steps["student/ablation/direct"].overrides
+    assert f"cross_scale.teacher=@run:{root / 'teacher' / 'dagger' / 'r02'}" in \
+        steps["student/ablation/ar_teacher"].overrides
+
+    assert main(["hierarchy", "--plan", str(path), "--no-progress", "--only", "student/ar,student/dagger/*"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("exported") == 2 and out.count("trained (0 -> 1 steps)") == 3
+    exported = json.loads((r1 / "data" / "manifest.json").read_text())
+    assert exported["dagger"]["driver"].startswith(str(root / "student" / "ar" / "checkpoints"))
+    assert exported["splits"]["train"]["seeds"] == [1, 1]
+    assert main(["hierarchy", "--plan", str(path), "--no-progress", "--only", "student/dagger/*"]) == 0
+    assert capsys.readouterr().out.count("done (") == 4
+    path.write_text(yaml.safe_dump({**plan, "dagger": {"rounds": 0}}))
+    with pytest.raises(ConfigError, match="rounds"):
+        load_plan(path)

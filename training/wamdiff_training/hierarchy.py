@@ -1,6 +1,7 @@
 """``wamdiff-train hierarchy --plan FILE``: the whole three-stage hierarchy on tiny models, resumable.
 
-Order (anchors §1): world data -> AR pretraining of a teacher and a smaller student -> Stage I curriculum
+Order (anchors §1): world data -> AR pretraining of a teacher and a smaller student -> optional DAgger rounds (each
+model drives part of fresh episodes, the expert labels them, AR training goes on over all data) -> Stage I curriculum
 (B = 1 -> ... -> 32) for both -> Stage II for both (each model's small-block phase teaches its B = 32 phase) ->
 Stage III (the teacher's B = 32 model -> the student). Every step is skipped when its run already reached its
 steps and resumed from its last checkpoint when it was cut short, so after a kill the same command goes on.
@@ -37,6 +38,20 @@ class ModelPlan:
 
 
 @dataclass(slots=True)
+class DaggerPlan:
+    """DAgger rounds after AR pretraining, per model: round r exports ``episodes`` fresh training episodes per
+    scenario driven by the model so far (``expert_share`` of the 0.5 s intervals by the expert), then trains it
+    ``steps`` more AR steps on the plan's data and every round's so far; later stages train on that union too."""
+
+    rounds: int = 1
+    episodes: int = 60
+    expert_share: float = 0.5
+    steps: int = 2500
+    lr: float | None = None  # None: the AR config's
+    task_weights: dict[str, float] | None = None  # None: the plan's mix
+
+
+@dataclass(slots=True)
 class HierarchyPlan:
     root: str
     scenarios: str = "all"
@@ -54,13 +69,14 @@ class HierarchyPlan:
     distill_teacher_block: int = 8
     distill_steps: int = 200
     cross_scale_steps: int = 200
+    dagger: DaggerPlan | None = None
     ablations: bool = True  # the student's ablation runs after the main chain (see plan_steps)
 
 
 @dataclass(slots=True)
 class Step:
     name: str  # e.g. "student/adapt/b08"
-    stage: str  # the wamdiff-train stage
+    stage: str  # the wamdiff-train stage, or "dagger-data" (an export driven by the model; steps 0)
     base: str  # the tiny config file it starts from
     out_dir: Path
     steps: int
@@ -78,6 +94,10 @@ def load_plan(path: str | Path) -> HierarchyPlan:
     for key in ("teacher", "student"):
         if key in raw:
             raw[key] = ModelPlan(**raw[key])
+    if raw.get("dagger") is not None:
+        raw["dagger"] = DaggerPlan(**raw["dagger"])
+        if raw["dagger"].rounds < 1 or not 0 <= raw["dagger"].expert_share <= 1:
+            raise ConfigError(str(path), "dagger", "rounds must be >= 1 and expert_share in [0, 1]")
     return HierarchyPlan(**raw)
 
 
@@ -97,11 +117,11 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
     """Every training run, in order. ``model.init`` / teacher paths point at the predecessor's run folder and are
     resolved to its latest checkpoint when the step starts (``@run:<dir>``)."""
     root, data = Path(plan.root), Path(plan.root) / "data" / "train.json"
-    common = [f"data.train=[{data}]", f"train.batch_size={plan.batch_size}",
-              f"out.checkpoint_every={plan.checkpoint_every}", "out.keep=2",
-              *(f"data.task_weights.{task}={w}" for task, w in (plan.task_weights or {}).items())]
+    base = [f"train.batch_size={plan.batch_size}", f"out.checkpoint_every={plan.checkpoint_every}", "out.keep=2",
+            *(f"data.task_weights.{task}={w}" for task, w in (plan.task_weights or {}).items())]
     steps: list[Step] = []
-    for who in ("teacher", "student"):
+    for who in ("teacher", "student"):  # after the loop, ``common`` is the student's (its data with any DAgger's)
+        common = [f"data.train=[{data}]", *base]
         m: ModelPlan = getattr(plan, who)
         ar_dir = root / who / "ar"
         ar_steps = m.ar_steps if m.ar_steps is not None else plan.ar_steps
@@ -109,6 +129,8 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
             *common, f"model.tiny.hidden={m.hidden}", f"model.tiny.layers={m.layers}", f"model.tiny.seed={m.seed}",
             f"model.tiny.vision_hidden={m.vision_hidden}", f"model.tiny.vision_depth={m.vision_depth}"]))
         previous = ar_dir
+        if plan.dagger is not None:
+            previous, common = _dagger_steps(plan, who, previous, base, steps)
         for b, phase_steps in zip(plan.curriculum, adapt_schedule(plan, m)):
             out = root / who / "adapt" / f"b{b:02d}"
             steps.append(Step(f"{who}/adapt/b{b:02d}", "adapt", "tiny_adapt", out, phase_steps, [
@@ -128,6 +150,46 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
     return steps
 
 
+def ar_run(plan: HierarchyPlan, who: str) -> Path:
+    """``who``'s final AR model: its last DAgger round, or its AR pretraining run when the plan has none."""
+    root = Path(plan.root) / who
+    return root / "ar" if plan.dagger is None else root / "dagger" / f"r{plan.dagger.rounds:02d}"
+
+
+def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str],
+                  steps: list[Step]) -> tuple[Path, list[str]]:
+    """Appends ``who``'s DAgger rounds to ``steps``; returns the last round's run and the overrides (with the union
+    of the data) that the rest of ``who``'s chain trains with."""
+    d, root = plan.dagger, Path(plan.root)
+    files = [root / "data" / "train.json"]
+    weights = [f"data.task_weights.{task}={w}" for task, w in (d.task_weights or {}).items()]
+    for r in range(1, d.rounds + 1):
+        run_dir = root / who / "dagger" / f"r{r:02d}"
+        # fresh training seeds: after the plan's episodes and the earlier rounds'
+        steps.append(Step(f"{who}/dagger/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
+            f"driver=@run:{previous}", f"seed_offset={plan.episodes + (r - 1) * d.episodes}"]))
+        files.append(run_dir / "data" / "train.json")
+        train_data = f"data.train=[{','.join(str(f) for f in files)}]"
+        lr = [] if d.lr is None else [f"train.lr={d.lr}"]
+        steps.append(Step(f"{who}/dagger/r{r:02d}", "ar", "tiny_ar", run_dir, d.steps, [
+            train_data, *base, *weights, *lr, f"model.init=@run:{previous}"]))
+        previous = run_dir
+    return previous, [train_data, *base]
+
+
+def export_dagger(plan: HierarchyPlan, step: Step, driver: str, progress: bool) -> None:
+    """A DAgger round's data: ``plan.dagger.episodes`` fresh training episodes per scenario driven partly by
+    ``driver`` (``step.out_dir`` / train.json; written last, so an export cut short runs again)."""
+    from wamdiff_ros.world.dataset import main as export
+
+    offset = next(o.partition("=")[2] for o in step.overrides if o.startswith("seed_offset="))
+    args = ["generate", "--scenarios", plan.scenarios, "--episodes", str(plan.dagger.episodes), "--split", "train",
+            "--seed-offset", offset, "--noise-fraction", "0", "--driver", driver, "--expert-share",
+            str(plan.dagger.expert_share), "--workers", str(plan.workers), "--out", str(step.out_dir), "--overwrite"]
+    if export(args + ([] if progress else ["--no-progress"])) != 0:
+        raise RuntimeError(f"the DAgger export into {step.out_dir} failed")
+
+
 def adapt_schedule(plan: HierarchyPlan, model: ModelPlan) -> list[int]:
     """Stage I steps per curriculum phase: the model's own ``adapt_steps`` if set, else the plan's; one count
     serves every phase, a list gives one per phase."""
@@ -144,6 +206,7 @@ def ablation_steps(plan: HierarchyPlan, common: list[str]) -> list[Step]:
 
     - ``direct``: AR -> B = 32 in one phase with the whole curriculum's step budget (no curriculum);
     - ``ar_teacher``: Stage III from the AR teacher instead of the teacher's B = 32 diffusion model;
+    (AR: the final AR run, after any DAgger rounds)
     - ``fkl`` / ``rkl``: Stage III with forward / reverse KL instead of the symmetric JSD.
     """
     root = Path(plan.root)
@@ -153,10 +216,10 @@ def ablation_steps(plan: HierarchyPlan, common: list[str]) -> list[Step]:
     return [
         Step("student/ablation/direct", "adapt", "tiny_adapt", ablation / "direct",
              sum(adapt_schedule(plan, plan.student)),
-             [*common, f"model.init=@run:{student / 'ar'}", f"adapt.block_size={big}"]),
+             [*common, f"model.init=@run:{ar_run(plan, 'student')}", f"adapt.block_size={big}"]),
         Step("student/ablation/ar_teacher", "cross-scale", "tiny_cross_scale", ablation / "ar_teacher",
              plan.cross_scale_steps,
-             [*cross, f"cross_scale.teacher=@run:{teacher / 'ar'}", "cross_scale.teacher_kind=ar"]),
+             [*cross, f"cross_scale.teacher=@run:{ar_run(plan, 'teacher')}", "cross_scale.teacher_kind=ar"]),
         *(Step(f"student/ablation/{div}", "cross-scale", "tiny_cross_scale", ablation / div, plan.cross_scale_steps,
                [*cross, f"cross_scale.teacher=@run:{teacher / 'distill'}", "cross_scale.teacher_kind=diffusion",
                 f"cross_scale.divergence={div}"])
@@ -212,6 +275,18 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
     planned = {step.out_dir: step.steps for step in steps}
     for step in steps:
         if only and not any(fnmatch.fnmatchcase(step.name, pattern) for pattern in only):
+            continue
+        if step.stage == "dagger-data":
+            data = step.out_dir / "train.json"
+            if data.is_file():
+                report.append((step.name, "done (exported)", data))
+            elif dry_run:
+                report.append((step.name, "to export", None))
+            else:
+                driver = _resolve(next(o for o in step.overrides if o.startswith("driver=")), planned)
+                log.info("hierarchy: %s (DAgger export driven by %s)", step.name, driver.partition("=")[2])
+                export_dagger(plan, step, driver.partition("=")[2], progress)
+                report.append((step.name, "exported", data))
             continue
         done = _done_steps(step.out_dir)
         if done >= step.steps:
