@@ -159,6 +159,32 @@ def test_plan_inputs_rebuild_the_prompt(command):
     assert question == "Is the lane free?"
 
 
+def test_question_breakdown_and_the_lead_distance_read_off_the_image():
+    from types import SimpleNamespace
+
+    from wamdiff_ros.world.questions import QUESTIONS
+
+    def record(key, answer):
+        return Record(key, Path("x.png"), fmt.ask_prompt(QUESTIONS[key]), answer, "ask", {"question": key})
+
+    lead = "The vehicle ahead in our lane is {} m away."
+    none = "There is no vehicle ahead in our lane within 100 m."
+    pairs = [(SimpleNamespace(text=lead.format(20)), record("lead", lead.format(23))),
+             (SimpleNamespace(text=lead.format(40)), record("lead", lead.format(40))),
+             (SimpleNamespace(text=none), record("lead", lead.format(90))),
+             (SimpleNamespace(text="I do not know."), record("lead", none)),  # unreadable: left out of the distance
+             (SimpleNamespace(text="Lane 1 of 2, counted from the left."), record("lane", "Lane 2 of 2, counted from "
+                                                                                          "the left."))]
+    out = evaluation.ask_breakdown(pairs)
+    assert out["per_question"] == {"lane": {"records": 1, "exact_match": 0.0},
+                                   "lead": {"records": 4, "exact_match": 0.25}}
+    d = out["lead_distance"]
+    assert d["records"] == 3 and d["mae_m"] == pytest.approx((3 + 0 + 10) / 3)
+    assert d["pearson_r"] == pytest.approx(np.corrcoef([20, 40, 100], [23, 40, 90])[0, 1])
+    assert d["blind_mae_m"] == pytest.approx(np.abs(np.array([23, 40, 90]) - 51).mean())
+    assert evaluation.lead_distance("nothing here") is None
+
+
 def test_behaviour_groups_and_the_constant_velocity_reference():
     from wamdiff_training.data import behaviour_of
     from wamdiff_training.evaluation import by_behaviour, constant_velocity_plan

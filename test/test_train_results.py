@@ -124,6 +124,8 @@ def test_open_loop_json(evaluated, fake):
             assert group in ("cruise", "lane_change", "yield") and numbers["plans"] == 1
             assert numbers["constant_velocity_l2_mean"] >= 0
         assert 0 <= e["token_accuracy"] <= 1 and e["detection"]["records"] == 1 and e["questions"] == 1
+        (question, numbers), = e["per_question"].items()  # the one ask record, by its question key
+        assert question in ("lead", "lane", "left_free", "right_free", "command") and numbers["records"] == 1
     assert ok["teacher_b32"]["rho"] is None  # the rho teacher itself
     assert ok["student_final"]["rho"]["value"] == 1.0 and ok["student_final"]["rho"]["k"] == 5  # the same weights
     assert ol["data"]["used"] == {"ask": 1, "detect": 1, "plan": 1}
@@ -202,6 +204,8 @@ def test_render_tables(rendered):
     assert re.search(r"^\| forward KL \| not run \|", text, re.M)
     behaviours = text.split("### Plan L2 by what the expert does")[1].split("###")[0]
     assert re.search(r"^\| student AR \| [\d.]+ \([\d.]+\) \|", behaviours, re.M)
+    perception = text.split("### What the camera tells the model")[1].split("###")[0]
+    assert re.search(r"^\| student AR \| [\d.]+ \| - \| - \| - \|", perception, re.M)  # one question, no lead
     sweep = text.split("### Threshold sweep")[1].split("##")[0]
     assert [float(t) for t in re.findall(r"^\| (0\.\d+) \|", sweep, re.M)] == sorted(results.SWEEP, reverse=True)
     figure = md.parent / "results" / results.FIGURE

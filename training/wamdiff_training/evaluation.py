@@ -186,6 +186,35 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
             "by_behaviour": by_behaviour(predicted, references, baselines, groups), **_speed(plans)}
 
 
+_LEAD = re.compile(r"(?:is (?P<gap>\d+) m away|no vehicle ahead in our lane within (?P<range>\d+) m)")
+
+
+def lead_distance(text: str) -> float | None:
+    """The gap in a lead-vehicle answer (m); "no vehicle within R m" reads as R; None when the text says neither."""
+    m = _LEAD.search(text)
+    return None if m is None else float(m["gap"] or m["range"])
+
+
+def ask_breakdown(pairs: list[tuple[Plan, Record]]) -> dict:
+    """Exact match per question (meta.question, else the question text) and, for the lead-vehicle question, how well
+    the distance is read off the image: mean absolute error and Pearson r against the reference, next to the error
+    of always answering the reference mean (what a model blind to the image can do at best)."""
+    groups: dict[str, list[tuple[Plan, Record]]] = {}
+    for p, r in pairs:
+        groups.setdefault(str(r.meta.get("question") or question_of(r)), []).append((p, r))
+    out = {"per_question": {k: {"records": len(v), "exact_match": float(np.mean([p.text.strip() == r.answer.strip()
+                                                                                  for p, r in v]))}
+                            for k, v in sorted(groups.items())}}
+    read = [(lead_distance(p.text), lead_distance(r.answer)) for p, r in groups.get("lead", [])]
+    read = [(a, b) for a, b in read if a is not None and b is not None]
+    if len(read) >= 2:
+        got, ref = np.array(read).T
+        r = float(np.corrcoef(got, ref)[0, 1]) if got.std() > 0 and ref.std() > 0 else math.nan
+        out["lead_distance"] = {"records": len(read), "mae_m": float(np.abs(got - ref).mean()), "pearson_r": r,
+                                "blind_mae_m": float(np.abs(ref - ref.mean()).mean())}
+    return out
+
+
 def _normalise(text: str) -> str:
     return " ".join(text.casefold().split()).rstrip(".")
 
@@ -215,7 +244,7 @@ def open_loop(subject: Subject, by_task: dict[str, list[Record]], thresholds: li
     ask = {"records": len(pairs), **_speed(asked),
            "exact_match": float(np.mean([p.text.strip() == r.answer.strip() for p, r in pairs])) if pairs else math.nan,
            "normalised_match": float(np.mean([_normalise(p.text) == _normalise(r.answer) for p, r in pairs]))
-           if pairs else math.nan}
+           if pairs else math.nan, **ask_breakdown(pairs)}
     return {"plan": {"primary_threshold": rows[0]["threshold"], "sweep": rows}, "detection": detection, "ask": ask}
 
 

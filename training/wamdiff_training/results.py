@@ -266,7 +266,8 @@ def compact_eval(e: dict, result: dict) -> dict:
         "token_accuracy": tf["token_accuracy"], "token_accuracy_states": tf["states"],
         "detection": {k: det[k] for k in ("records", "invalid", "precision", "recall", "map50")},
         "question_accuracy": ask["exact_match"], "question_accuracy_normalised": ask["normalised_match"],
-        "questions": ask["records"],
+        "questions": ask["records"], "per_question": ask.get("per_question"),
+        "lead_distance": ask.get("lead_distance"),
         "rho": None if rho is None else {k: rho[k] for k in ("k", "value", "positions", "teacher", "alignment")},
         "command_line": result["command_line"], "wall_s": result["wall_s"],
     }
@@ -800,6 +801,7 @@ def render_open_loop(piece: dict | None) -> list[str]:
     lines += _reasons(entries)
     final = _ok(piece, SWEPT)
     lines += render_behaviours(entries)
+    lines += render_perception(entries)
     lines += ["", "### Per-waypoint L2 (m)", ""]
     lines += _table(["model", *(f"wp{i}" for i in range(1, 9))],
                     [[t.label, *[_f(v) for v in _row_at(entries[t.key])["l2_per_waypoint"]]]
@@ -834,6 +836,26 @@ def render_behaviours(entries: dict) -> list[str]:
             "A model that ignores the command and the camera is no better than constant velocity at junctions, lane "
             "changes and yields. Records per group: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + ".", "",
             *_table(["model", *counts], rows)]
+
+
+def render_perception(entries: dict) -> list[str]:
+    """Question accuracy per question and the lead-vehicle distance read off the image (rows of models evaluated
+    before the breakdown existed are left out)."""
+    found = [(t.label, entries[t.key]) for t in OPEN_LOOP
+             if entries.get(t.key, {}).get("status") == "ok" and entries[t.key].get("per_question")]
+    if not found:
+        return []
+    keys = list(found[0][1]["per_question"])
+    rows = []
+    for label, e in found:
+        lead = e.get("lead_distance") or {}
+        rows.append([label, *(_f(e["per_question"].get(k, {}).get("exact_match"), 1, True) for k in keys),
+                     _f(lead.get("mae_m"), 1), _f(lead.get("blind_mae_m"), 1), _f(lead.get("pearson_r"), 2)])
+    return ["", "### What the camera tells the model (question exact match %; lead-vehicle distance)", "",
+            "The lead-vehicle answer is read as a distance (\"none within 100 m\" as 100 m): its mean absolute error "
+            "next to the error of always answering the mean (a model blind to the image does no better), and "
+            "Pearson r with the reference.", "",
+            *_table(["model", *keys, "lead MAE (m)", "blind MAE (m)", "lead r"], rows)]
 
 
 def render_fixed(piece: dict | None, name: str, title: str, targets: tuple[Target, ...], intro: str) -> list[str]:

@@ -189,6 +189,8 @@ def preview_tiles(out: Path, samples: list[dict], count: int) -> list[Image.Imag
         if m["perturbed"]:
             p = m["perturbation"]
             label += f" | PERTURBED {p['steer_rad']:+.2f} rad {p['accel_mps2']:+.1f} m/s2"
+        if m.get("driver") == "model":
+            label += " | model drives"
         waypoints = fmt.parse_waypoints(s["conversations"][1]["value"]).waypoints
         tile = draw_plan(image, waypoints, boxes, camera=model, text=label)
         tiles.append(tile.resize((tile.width * PREVIEW_SCALE, tile.height * PREVIEW_SCALE), Image.NEAREST))
