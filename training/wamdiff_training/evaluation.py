@@ -478,8 +478,12 @@ def main(argv: list[str] | None = None) -> int:
     for e in result["checkpoints"]:
         row = e["plan"]["sweep"][0]
         rho = "" if e["rho"] is None else f", rho{args.k} {e['rho']['value']:.3f}"
+        lead = e["ask"].get("lead_distance")
+        lead = "" if lead is None else (f", lead distance MAE {lead['mae_m']:.1f} m (blind {lead['blind_mae_m']:.1f}) "
+                                        f"r {lead['pearson_r']:.2f}")
         print(f"{e['legend']}: plan L2 {row['l2_mean']:.3f} m (wp8 {row['l2_per_waypoint'][-1]:.3f}), invalid "
               f"{row['invalid']}/{row['plans']}, {row['forward_calls_per_token']:.3f} forwards/token, "
-              f"{row['tokens_per_s']:.0f} tokens/s, token acc {e['teacher_forced']['token_accuracy']:.3f}{rho}")
+              f"{row['tokens_per_s']:.0f} tokens/s, token acc {e['teacher_forced']['token_accuracy']:.3f}{rho}, "
+              f"question exact match {e['ask']['exact_match']:.3f}{lead}")
     print("wrote " + " ".join(str(p) for p in written))
     return 0
