@@ -188,3 +188,6 @@ def test_dagger_rounds_export_with_the_model_driving_and_train_on_the_union(tmp_
     path.write_text(yaml.safe_dump({**plan, "dagger": {"rounds": 0}}))
     with pytest.raises(ConfigError, match="rounds"):
         load_plan(path)
+    path.write_text(yaml.safe_dump({**plan, "dagger": {"round": 2}}))
+    with pytest.raises(ConfigError, match="dagger.round: unknown key"):
+        load_plan(path)

@@ -50,6 +50,11 @@ class DaggerPlan:
     lr: float | None = None  # None: the AR config's
     task_weights: dict[str, float] | None = None  # None: the plan's mix
 
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.episodes < 1 or self.steps < 1 or not 0 <= self.expert_share <= 1:
+            raise ConfigError("hierarchy", "dagger", "rounds, episodes and steps must be >= 1 and expert_share in "
+                                                     f"[0, 1]; got {self}")
+
 
 @dataclass(slots=True)
 class HierarchyPlan:
@@ -91,13 +96,13 @@ def load_plan(path: str | Path) -> HierarchyPlan:
         raise ConfigError(str(path), sorted(unknown)[0], f"unknown key; known: {', '.join(sorted(known))}")
     if "root" not in raw:
         raise ConfigError(str(path), "root", "missing: the folder every run of the hierarchy writes into")
-    for key in ("teacher", "student"):
-        if key in raw:
-            raw[key] = ModelPlan(**raw[key])
-    if raw.get("dagger") is not None:
-        raw["dagger"] = DaggerPlan(**raw["dagger"])
-        if raw["dagger"].rounds < 1 or not 0 <= raw["dagger"].expert_share <= 1:
-            raise ConfigError(str(path), "dagger", "rounds must be >= 1 and expert_share in [0, 1]")
+    for key, kind in (("teacher", ModelPlan), ("student", ModelPlan), ("dagger", DaggerPlan)):
+        if raw.get(key) is not None:
+            unknown = set(raw[key]) - set(kind.__slots__)
+            if unknown:
+                raise ConfigError(str(path), f"{key}.{sorted(unknown)[0]}",
+                                  f"unknown key; known: {', '.join(kind.__slots__)}")
+            raw[key] = kind(**raw[key])
     return HierarchyPlan(**raw)
 
 
