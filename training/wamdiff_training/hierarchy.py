@@ -211,8 +211,9 @@ def ablation_steps(plan: HierarchyPlan, common: list[str]) -> list[Step]:
 
     - ``direct``: AR -> B = 32 in one phase with the whole curriculum's step budget (no curriculum);
     - ``ar_teacher``: Stage III from the AR teacher instead of the teacher's B = 32 diffusion model;
-    (AR: the final AR run, after any DAgger rounds)
     - ``fkl`` / ``rkl``: Stage III with forward / reverse KL instead of the symmetric JSD.
+
+    "AR" is each model's final AR run (``ar_run``: after any DAgger rounds).
     """
     root = Path(plan.root)
     student, teacher, ablation = root / "student", root / "teacher", root / "student" / "ablation"
