@@ -224,7 +224,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="DAgger: a model folder or checkpoint that drives part of each episode; labels stay the "
                         "expert's (use --noise-fraction 0 and fresh --seed-offset episodes)")
     g.add_argument("--expert-share", type=float, default=0.5,
-                   help="with --driver: probability that a 0.5 s sample interval is driven by the expert")
+                   help="with --driver: probability that a sample interval (--sample-period) is driven by the expert")
     g.add_argument("--questions", type=int, default=2, help="ask samples per image")
     g.add_argument("--max-seconds", type=float, default=None, help="cut each episode after this sim time")
     g.add_argument("--workers", type=int, default=1)
