@@ -207,7 +207,7 @@ def test_task_mixing_proportions_over_many_draws():
     assert sum(plan) == 40 * 58 and 40 <= min(plan) and max(plan) <= 80
 
 
-def test_behaviour_groups_take_their_share_out_of_the_plan_task():
+def test_behaviour_and_question_groups_take_their_share_out_of_their_task():
     def record(task, expert=None, command="follow"):
         meta = {} if expert is None else {"expert": expert, "command": command}
         return Record(f"r{expert}", Path("x.png"), "", "", task, meta)
@@ -221,6 +221,10 @@ def test_behaviour_groups_take_their_share_out_of_the_plan_task():
     sampler = TaskMixSampler(groups, TaskMix(weights), batch_size=9, seed=0, epoch_size=900)
     drawn = Counter(groups[i] for batch in sampler for i in batch)
     assert drawn == {"plan": 200, "plan/lane_change": 200, "plan/junction": 400, "detect": 100}
+    # questions likewise, by the world's question key
+    ask = [Record("a", Path("x.png"), "", "", "ask", {"question": q}) for q in ("lead", "lane", "lead", "command")]
+    assert [mix_group(r, {"ask": 1.0, "ask/lead": 2.0}) for r in ask] == ["ask/lead", "ask", "ask/lead", "ask"]
+    assert [mix_group(r, {"ask": 1.0}) for r in ask] == ["ask"] * 4
 
 
 def test_sharding_is_disjoint_equal_and_covers_the_epoch():

@@ -94,12 +94,13 @@ def behaviour_of(meta: dict) -> str | None:
 
 
 def mix_group(record: Record, weights: dict[str, float]) -> str:
-    """The sampling group of a record under ``data.task_weights``: ``"<task>/<behaviour>"`` when the weights name
-    that group (e.g. ``plan/lane_change``), else its task; a named group's share is taken out of its task's."""
-    if record.task == "plan":
-        behaviour = behaviour_of(record.meta)
-        if behaviour is not None and f"plan/{behaviour}" in weights:
-            return f"plan/{behaviour}"
+    """The sampling group of a record under ``data.task_weights``: ``"plan/<behaviour>"`` (e.g. ``plan/lane_change``)
+    or ``"ask/<question>"`` (the world's question key, e.g. ``ask/lead``) when the weights name that group, else its
+    task; a named group's share is taken out of its task's."""
+    sub = behaviour_of(record.meta) if record.task == "plan" else (
+        record.meta.get("question") if record.task == "ask" else None)
+    if sub is not None and f"{record.task}/{sub}" in weights:
+        return f"{record.task}/{sub}"
     return record.task
 
 
