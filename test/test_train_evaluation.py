@@ -162,16 +162,16 @@ def test_plan_inputs_rebuild_the_prompt(command):
 def test_question_breakdown_and_the_lead_distance_read_off_the_image():
     from types import SimpleNamespace
 
-    from wamdiff_ros.world.questions import QUESTIONS
+    from wamdiff_ros.world.questions import QUESTIONS, lead_answer, read_lead_answer
 
     def record(key, answer):
         return Record(key, Path("x.png"), fmt.ask_prompt(QUESTIONS[key]), answer, "ask", {"question": key})
 
-    lead = "The vehicle ahead in our lane is {} m away."
-    none = "There is no vehicle ahead in our lane within 100 m."
-    pairs = [(SimpleNamespace(text=lead.format(20)), record("lead", lead.format(23))),
-             (SimpleNamespace(text=lead.format(40)), record("lead", lead.format(40))),
-             (SimpleNamespace(text=none), record("lead", lead.format(90))),
+    none = lead_answer(None)  # the world's own wording
+    assert none == "There is no vehicle ahead in our lane within 100 m." and read_lead_answer(none) == 100.0
+    pairs = [(SimpleNamespace(text=lead_answer(20.2)), record("lead", lead_answer(23.0))),
+             (SimpleNamespace(text=lead_answer(40.0)), record("lead", lead_answer(40.4))),
+             (SimpleNamespace(text=none), record("lead", lead_answer(90.0))),
              (SimpleNamespace(text="I do not know."), record("lead", none)),  # unreadable: left out of the distance
              (SimpleNamespace(text="Lane 1 of 2, counted from the left."), record("lane", "Lane 2 of 2, counted from "
                                                                                           "the left."))]
@@ -182,7 +182,7 @@ def test_question_breakdown_and_the_lead_distance_read_off_the_image():
     assert d["records"] == 3 and d["mae_m"] == pytest.approx((3 + 0 + 10) / 3)
     assert d["pearson_r"] == pytest.approx(np.corrcoef([20, 40, 100], [23, 40, 90])[0, 1])
     assert d["blind_mae_m"] == pytest.approx(np.abs(np.array([23, 40, 90]) - 51).mean())
-    assert evaluation.lead_distance("nothing here") is None
+    assert read_lead_answer("nothing here") is None and read_lead_answer(lead_answer(12.6)) == 13.0
 
 
 def test_behaviour_groups_and_the_constant_velocity_reference():

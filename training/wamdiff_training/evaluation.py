@@ -30,6 +30,7 @@ from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import CheckpointError, WamDiffError
 from wamdiff_ros.model import TINY_RANDOM, ModelBundle, load
 from wamdiff_ros.planner import EgoState, Plan, Planner
+from wamdiff_ros.world.questions import read_lead_answer
 from wamdiff_training import checkpoint, plots
 from wamdiff_training.data import BEHAVIOURS, Record, RecordError, behaviour_of, encode_record, load_records
 from wamdiff_training.detection import detection_metrics
@@ -160,7 +161,7 @@ def by_behaviour(predicted: list, references: list[np.ndarray], baselines: list[
         model = waypoint_l2([predicted[i] for i in idx], [references[i] for i in idx])
         cv = waypoint_l2([baselines[i] for i in idx], [references[i] for i in idx])
         out[name or "other"] = {"plans": len(idx), "valid": model.valid, "l2_mean": model.mean,
-                     "constant_velocity_l2_mean": cv.mean}
+                                "constant_velocity_l2_mean": cv.mean}
     return out
 
 
@@ -186,15 +187,6 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
             "by_behaviour": by_behaviour(predicted, references, baselines, groups), **_speed(plans)}
 
 
-_LEAD = re.compile(r"(?:is (?P<gap>\d+) m away|no vehicle ahead in our lane within (?P<range>\d+) m)")
-
-
-def lead_distance(text: str) -> float | None:
-    """The gap in a lead-vehicle answer (m); "no vehicle within R m" reads as R; None when the text says neither."""
-    m = _LEAD.search(text)
-    return None if m is None else float(m["gap"] or m["range"])
-
-
 def ask_breakdown(pairs: list[tuple[Plan, Record]]) -> dict:
     """Exact match per question (meta.question, else the question text) and, for the lead-vehicle question, how well
     the distance is read off the image: mean absolute error and Pearson r against the reference, next to the error
@@ -205,7 +197,7 @@ def ask_breakdown(pairs: list[tuple[Plan, Record]]) -> dict:
     out = {"per_question": {k: {"records": len(v), "exact_match": float(np.mean([p.text.strip() == r.answer.strip()
                                                                                   for p, r in v]))}
                             for k, v in sorted(groups.items())}}
-    read = [(lead_distance(p.text), lead_distance(r.answer)) for p, r in groups.get("lead", [])]
+    read = [(read_lead_answer(p.text), read_lead_answer(r.answer)) for p, r in groups.get("lead", [])]
     read = [(a, b) for a, b in read if a is not None and b is not None]
     if len(read) >= 2:
         got, ref = np.array(read).T

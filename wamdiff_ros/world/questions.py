@@ -17,6 +17,7 @@ right of the driving direction.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 from highway_env.vehicle.objects import Obstacle
@@ -133,11 +134,25 @@ def lane_change_blocker(world: World, side: str) -> tuple[bool, float | None]:
     return True, blocker
 
 
+LEAD_AT = "The vehicle ahead in our lane is {} m away."
+NO_LEAD = "There is no vehicle ahead in our lane within {:.0f} m."
+_LEAD_READ = re.compile("|".join((re.escape(LEAD_AT).replace(r"\{\}", r"(?P<gap>\d+)"),
+                                  re.escape(NO_LEAD).replace(r"\{:\.0f\}", r"(?P<range>\d+)"))))
+
+
+def lead_answer(gap_m: float | None) -> str:
+    """The lead-vehicle answer for a bumper gap (m), or for none within ``LEAD_RANGE_M``."""
+    return NO_LEAD.format(LEAD_RANGE_M) if gap_m is None else LEAD_AT.format(_metres(gap_m))
+
+
+def read_lead_answer(text: str) -> float | None:
+    """The distance a lead-vehicle answer states (m); "none within R m" reads as R; None when it states neither."""
+    m = _LEAD_READ.search(text)
+    return None if m is None else float(m["gap"] or m["range"])
+
+
 def _lead_answer(world: World) -> str:
-    gap = lead_gap(world)
-    if gap is None:
-        return f"There is no vehicle ahead in our lane within {LEAD_RANGE_M:.0f} m."
-    return f"The vehicle ahead in our lane is {_metres(gap)} m away."
+    return lead_answer(lead_gap(world))
 
 
 def _lane_answer(world: World) -> str:
