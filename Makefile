@@ -108,7 +108,8 @@ results: $(STAMP)
 # closed-loop episodes per planner and mode into training/results/*.json (resumable: done entries are kept), then
 # RESULTS.md. Closed-loop reports and the student's videos go to $(OUT)/results (not committed).
 results-eval: $(STAMP)
-	$(VENV)/bin/wamdiff-train results evaluate --root $(OUT)/tiny_hierarchy --out training/results --work $(OUT)/results
+	$(VENV)/bin/wamdiff-train results evaluate --root $(OUT)/tiny_hierarchy --plan training/configs/tiny_hierarchy.yaml \
+		--out training/results --work $(OUT)/results
 	$(VENV)/bin/wamdiff-train results render --results training/results --out training/RESULTS.md
 
 bench: $(STAMP)

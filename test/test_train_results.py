@@ -330,3 +330,39 @@ def test_a_run_trained_again_in_the_same_folder_is_evaluated_again(evaluated, fa
     before = _load(evaluated, "divergence")["entries"]["jsd"]
     assert jsd["weights"] != before["weights"]
     assert (jsd["token_accuracy"], jsd["plan"]) != (before["token_accuracy"], before["plan"])  # numbers of new weights
+
+
+def test_ar_rows_are_the_last_dagger_round_of_the_plan(fake, tmp_path):
+    """With DAgger rounds in the plan, "the AR model" everywhere is each model's last round, and its rows say so."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "data").symlink_to(fake["root"] / "data", target_is_directory=True)
+    for run in ("teacher/dagger/r02", "student/dagger/r02"):
+        _run_folder(root, run, fake["ckpt"] / "ar")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN + "dagger: {rounds: 2, episodes: 1, steps: 1}\n")
+    ar = results.final_ar_runs(str(plan), root)
+    assert ar == {"teacher/ar": "teacher/dagger/r02", "student/ar": "student/dagger/r02"}
+    assert results.final_ar_runs(None, root) == {}
+    assert [t.label for t in results.with_ar(results.CLOSED_LOOP, ar) if t.key == "ar"] == \
+        ["AR model (student/dagger/r02)"]
+    assert results.with_ar(results.OPEN_LOOP, {}) == results.OPEN_LOOP
+
+    out = tmp_path / "results"
+    assert train_main(["results", "evaluate", "--root", str(root), "--out", str(out), "--work", str(tmp_path / "work"),
+                       "--max-samples", "1", "--only", "open_loop", "--plan", str(plan)]) == 0
+    entries = _load(out, "open_loop")["entries"]
+    assert entries["student_ar"]["status"] == "ok" and entries["student_ar"]["run"] == "student/dagger/r02"
+    assert entries["teacher_ar"]["status"] == "ok" and entries["teacher_ar"]["run"] == "teacher/dagger/r02"
+    assert entries["student_b08"]["status"] == "not run"  # the plan's other runs: where they always are
+    md = tmp_path / "RESULTS.md"
+    assert train_main(["results", "render", "--results", str(out), "--out", str(md)]) == 0
+    assert "| student AR (student/dagger/r02) | AR |" in md.read_text()
+
+
+def test_a_plan_that_does_not_load_is_refused(tmp_path, capsys):
+    (tmp_path / "root").mkdir()
+    (tmp_path / "plan.yaml").write_text("root: x\ndagger: {rounds: 0}\n")
+    assert train_main(["results", "evaluate", "--root", str(tmp_path / "root"), "--out", str(tmp_path / "r"),
+                       "--only", "runs", "--plan", str(tmp_path / "plan.yaml")]) == 2
+    assert f"--plan {tmp_path / 'plan.yaml'}" in capsys.readouterr().err

@@ -79,14 +79,45 @@ CLOSED_LOOP = (  # planner names in closed_loop.json; None: the baselines' run (
     Target("baselines", "", "expert + constant velocity"),
     Target("ar", "student/ar", "AR model (student/ar)"),
     Target("student", "student/cross_scale", "final student (B=32)"),
-    Target("teacher_ar", "teacher/ar", "teacher AR"),
+    Target("teacher_ar", "teacher/ar", "teacher AR (teacher/ar)"),
 )
-PLANNER_LABELS = {"expert": "expert", "constant_velocity": "constant velocity", "ar": "AR model (student/ar)",
-                  "student": "final student (B=32)", "teacher_ar": "teacher AR (teacher/ar)"}
+PLANNER_LABELS = {"expert": "expert", "constant_velocity": "constant velocity",
+                  **{t.key: t.label for t in CLOSED_LOOP if t.run}}
 KNOWN_RUNS = ("teacher/ar", *(f"teacher/adapt/b{b:02d}" for b in (1, *PHASES)), "teacher/distill", "student/ar",
               *(f"student/adapt/b{b:02d}" for b in (1, *PHASES)), "student/distill", "student/cross_scale",
               "student/ablation/direct", "student/ablation/ar_teacher", "student/ablation/fkl",
               "student/ablation/rkl")
+
+
+def final_ar_runs(plan_path: str | None, root: Path) -> dict[str, str]:
+    """{"teacher/ar": run, "student/ar": run}: each model's final AR run under the hierarchy plan (its last DAgger
+    round when the plan has rounds, ``hierarchy.ar_run``), relative to ``root``; {} without a plan (the plain
+    ``<who>/ar`` runs)."""
+    if not plan_path:
+        return {}
+    from wamdiff_training import hierarchy
+
+    try:
+        plan = hierarchy.load_plan(plan_path)
+    except Exception as exc:  # noqa: BLE001 - the message names the plan file
+        raise ResultsError(f"--plan {plan_path}: {exc}") from exc
+    plan.root = str(root)
+    return {f"{who}/ar": str(hierarchy.ar_run(plan, who).relative_to(root)) for who in ("teacher", "student")}
+
+
+def with_ar(targets: tuple[Target, ...], ar: dict[str, str]) -> tuple[Target, ...]:
+    """``targets`` with each AR run (and its name in the label) replaced by the model's final AR run."""
+    def label(t: Target) -> str:
+        if t.run not in ar or ar[t.run] == t.run:
+            return t.label
+        return t.label.replace(t.run, ar[t.run]) if t.run in t.label else f"{t.label} ({ar[t.run]})"
+
+    return tuple(Target(t.key, ar.get(t.run, t.run), label(t)) for t in targets)
+
+
+def _label(entry: dict | None, target: Target, field: str = "label") -> str:
+    """The label an entry was evaluated under (it names the run evaluated), else the target's."""
+    return (entry or {}).get(field) or target.label
 
 
 class ResultsError(ValueError):
@@ -379,14 +410,15 @@ def _teacher_for(root: Path, target: Target) -> str | None:
     return None if target.run == RHO_TEACHER else ckpt
 
 
-def evaluate_open_loop(root: Path, out: Path, evaluator: Evaluator, force: bool, settings: dict) -> dict:
+def evaluate_open_loop(root: Path, out: Path, evaluator: Evaluator, force: bool, settings: dict,
+                       targets: tuple[Target, ...] = OPEN_LOOP) -> dict:
     piece = Piece("open_loop", out / "open_loop.json", {**settings, "sweep": list(SWEEP),
                                                         "threshold": DEFAULT_THRESHOLD, "rho_teacher": RHO_TEACHER},
                   force)
     sweep = [DEFAULT_THRESHOLD, *(t for t in SWEEP if t != DEFAULT_THRESHOLD)]  # the first decodes detect / ask
-    _eval_entries(piece, OPEN_LOOP, root, evaluator,
+    _eval_entries(piece, targets, root, evaluator,
                   lambda t: sweep if t.key == SWEPT else [DEFAULT_THRESHOLD], lambda t: _teacher_for(root, t))
-    return piece.finish([t.key for t in OPEN_LOOP], {"data": evaluator.data})
+    return piece.finish([t.key for t in targets], {"data": evaluator.data})
 
 
 def evaluate_fixed(name: str, targets: tuple[Target, ...], root: Path, out: Path, evaluator: Evaluator, force: bool,
@@ -397,11 +429,12 @@ def evaluate_fixed(name: str, targets: tuple[Target, ...], root: Path, out: Path
     return piece.finish([t.key for t in targets], {"data": evaluator.data})
 
 
-def evaluate_overlap(root: Path, out: Path, evaluator: Evaluator, force: bool, settings: dict) -> dict:
+def evaluate_overlap(root: Path, out: Path, evaluator: Evaluator, force: bool, settings: dict,
+                     teachers: tuple[Target, ...] = OVERLAP_TEACHERS) -> dict:
     piece = Piece("overlap", out / "overlap.json", {**settings, "k": K}, force)
     keys = []
     for s in OVERLAP_STUDENTS:
-        for t in OVERLAP_TEACHERS:
+        for t in teachers:
             key = f"{s.key}__{t.key}"
             keys.append(key)
             base = {"student_run": s.run, "student_label": s.label, "teacher_run": t.run, "teacher_label": t.label,
@@ -450,14 +483,15 @@ def compact_report(report: dict, rename: dict[str, str]) -> dict:
             "wall_s": run.get("wall_s")}
 
 
-def evaluate_closed_loop(root: Path, out: Path, work: Path, args: argparse.Namespace) -> dict:
+def evaluate_closed_loop(root: Path, out: Path, work: Path, args: argparse.Namespace,
+                         targets: tuple[Target, ...] = CLOSED_LOOP) -> dict:
     modes = ["paused", "realtime"]
     settings = {"root": str(root), "episodes_per_scenario": args.episodes, "first_seed": args.seed,
                 "scenarios": args.scenarios, "scenario_file": args.scenario_file, "modes": modes,
                 "plan_hz": args.plan_hz}
     piece = Piece("closed_loop", out / "closed_loop.json", settings, args.force)
     keys = []
-    for target in CLOSED_LOOP:
+    for target in targets:
         if target.key == "teacher_ar" and not args.with_teacher:
             if piece.data["entries"].get(target.key, {}).get("status") == "ok":
                 keys.append(target.key)  # from an earlier --with-teacher run: kept
@@ -679,6 +713,7 @@ def evaluate_all(args: argparse.Namespace) -> dict[str, str]:
         raise ResultsError(f"--root {root}: no such folder")
     if args.episodes < 1 or args.workers < 1 or (args.max_samples is not None and args.max_samples < 1):
         raise ResultsError("--episodes, --workers and --max-samples must be >= 1")
+    ar = final_ar_runs(args.plan, root)  # AR rows: each model's last DAgger round when the plan has rounds
     done: dict[str, str] = {}
     if "runs" in only:
         evaluate_runs(root, out, args.plan)
@@ -695,15 +730,15 @@ def evaluate_all(args: argparse.Namespace) -> dict[str, str]:
                     evaluator.remember(entry)
         for name in open_pieces:
             if name == "open_loop":
-                piece = evaluate_open_loop(root, out, evaluator, args.force, settings)
+                piece = evaluate_open_loop(root, out, evaluator, args.force, settings, with_ar(OPEN_LOOP, ar))
             elif name == "overlap":
-                piece = evaluate_overlap(root, out, evaluator, args.force, settings)
+                piece = evaluate_overlap(root, out, evaluator, args.force, settings, with_ar(OVERLAP_TEACHERS, ar))
             else:
                 piece = evaluate_fixed(name, ABLATION if name == "ablation" else DIVERGENCE, root, out, evaluator,
                                        args.force, settings)
             done[name] = _status(piece)
     if "closed_loop" in only:
-        done["closed_loop"] = _status(evaluate_closed_loop(root, out, work, args))
+        done["closed_loop"] = _status(evaluate_closed_loop(root, out, work, args, with_ar(CLOSED_LOOP, ar)))
     return done
 
 
@@ -797,14 +832,15 @@ def render_open_loop(piece: dict | None) -> list[str]:
               "accuracy is teacher-forced (AR: next token; diffusion: BD3 noisy states at the decode B); detection mAP "
               "at IoU 0.5; question accuracy is exact match; forward calls per token and tokens/s are decoder "
               f"numbers on this CPU. Diffusion rows at threshold {DEFAULT_THRESHOLD}.", ""]
-    lines += _table(METRIC_HEAD, [_metric_cells(entries.get(t.key), t.label) for t in OPEN_LOOP], METRIC_ALIGN)
+    lines += _table(METRIC_HEAD, [_metric_cells(entries.get(t.key), _label(entries.get(t.key), t)) for t in OPEN_LOOP],
+                    METRIC_ALIGN)
     lines += _reasons(entries)
     final = _ok(piece, SWEPT)
     lines += render_behaviours(entries)
     lines += render_perception(entries)
     lines += ["", "### Per-waypoint L2 (m)", ""]
     lines += _table(["model", *(f"wp{i}" for i in range(1, 9))],
-                    [[t.label, *[_f(v) for v in _row_at(entries[t.key])["l2_per_waypoint"]]]
+                    [[_label(entries[t.key], t), *[_f(v) for v in _row_at(entries[t.key])["l2_per_waypoint"]]]
                      for t in OPEN_LOOP if _ok(piece, t.key)])
     lines += ["", "### Threshold sweep of the final student", ""]
     if final is None:
@@ -826,7 +862,7 @@ def render_behaviours(entries: dict) -> list[str]:
     for t in OPEN_LOOP:
         row = _row_at(entries[t.key]) if t.key in entries and entries[t.key].get("status") == "ok" else None
         if (row or {}).get("by_behaviour"):
-            found.append((t.label, row["by_behaviour"]))
+            found.append((_label(entries[t.key], t), row["by_behaviour"]))
     if not found:
         return []
     counts = {name: g["plans"] for name, g in found[0][1].items()}  # the same records for every model
@@ -841,7 +877,7 @@ def render_behaviours(entries: dict) -> list[str]:
 def render_perception(entries: dict) -> list[str]:
     """Question accuracy per question and the lead-vehicle distance read off the image (rows of models evaluated
     before the breakdown existed are left out)."""
-    found = [(t.label, entries[t.key]) for t in OPEN_LOOP
+    found = [(_label(entries[t.key], t), entries[t.key]) for t in OPEN_LOOP
              if entries.get(t.key, {}).get("status") == "ok" and entries[t.key].get("per_question")]
     if not found:
         return []
@@ -883,7 +919,9 @@ def render_overlap(piece: dict | None) -> list[str]:
             cells.append(_f((e.get("rho") or {}).get("value"), 3) if e.get("status") == "ok"
                          else e.get("status", "not run"))
         rows.append(cells)
-    lines += _table(["student", *(t.label for t in OVERLAP_TEACHERS)], rows)
+    first = OVERLAP_STUDENTS[0].key
+    lines += _table(["student", *(_label(piece["entries"].get(f"{first}__{t.key}"), t, "teacher_label")
+                                  for t in OVERLAP_TEACHERS)], rows)
     return lines + _reasons(piece["entries"], "student_label") + [""]
 
 
@@ -942,6 +980,12 @@ def _group(groups: list[dict], planner: str, mode: str) -> dict | None:
     return next((g for g in groups if g["planner"] == planner and g["mode"] == mode), None)
 
 
+def planner_labels(piece: dict) -> dict[str, str]:
+    """Closed-loop planner name -> label, as each model's entry was evaluated (it names the run driven)."""
+    entries = piece.get("entries", {})
+    return {k: _label(entries.get(k), Target(k, "", v)) for k, v in PLANNER_LABELS.items()}
+
+
 def render_closed_loop(piece: dict | None, open_loop: dict | None) -> tuple[list[str], list[tuple[bool | None, str]]]:
     lines = ["## (f) Closed loop", ""]
     if piece is None:
@@ -953,13 +997,14 @@ def render_closed_loop(piece: dict | None, open_loop: dict | None) -> tuple[list
               f"plans requested at {s.get('plan_hz', 5.0):g} Hz by every planner, "
               "both timing modes (paused: the world waits for each plan; realtime: it does not). DS = route completion "
               f"× infraction penalty, mean with its bootstrap {round(100 * LEVEL)} % CI.", ""]
+    labels = planner_labels(piece)
     rows = []
-    for planner in PLANNER_LABELS:
+    for planner in labels:
         for mode in s["modes"]:
             g = _group(groups, planner, mode)
             if g is None:
                 continue
-            rows.append([PLANNER_LABELS.get(planner, planner), mode, g["episodes"],
+            rows.append([labels[planner], mode, g["episodes"],
                          f"{_f(g['ds'], 1)} [{_f(g['ds_lo'], 1)}, {_f(g['ds_hi'], 1)}]", _f(g["sr"], 1),
                          _f(g["rc"], 1), _f(g["collisions_per_ep"], 2), _f(g["latency_p50_ms"], 0),
                          _f(g["forward_calls_per_token"], 3)])
@@ -1244,11 +1289,12 @@ def card_metrics(results: Path) -> list[str]:
     cl = pieces["closed_loop"]
     if cl:
         groups, episodes = closed_loop_frames(cl)
+        labels = planner_labels(cl)
         for mode in cl["settings"]["modes"]:
             g = _group(groups, "student", mode)
             if g is None:
                 continue
-            others = ", ".join(f"{PLANNER_LABELS[p]} {_f(o['ds'], 1)}" for p in ("expert", "constant_velocity", "ar")
+            others = ", ".join(f"{labels[p]} {_f(o['ds'], 1)}" for p in ("expert", "constant_velocity", "ar")
                                if (o := _group(groups, p, mode)))
             p = paired(episodes, "student", "ar", mode)
             lines.append(f"- closed loop, {mode}: driving score {_f(g['ds'], 1)} [{_f(g['ds_lo'], 1)}, "
@@ -1280,8 +1326,9 @@ def parser() -> argparse.ArgumentParser:
                         "episodes x 2 modes fit a CPU session; wamdiff-eval's own default is 5)")
     e.add_argument("--with-teacher", action="store_true", help="closed loop: also drive teacher/ar")
     e.add_argument("--max-samples", type=int, default=60, help="open loop: records per task (evenly spaced)")
-    e.add_argument("--plan", default=None, help="hierarchy plan for the planned step counts (default "
-                   "training/configs/tiny_hierarchy.yaml)")
+    e.add_argument("--plan", default=None, help="the hierarchy plan behind --root: the runs' planned step counts, "
+                   "and which run is each model's final AR model (its last DAgger round, if the plan has any); "
+                   "without it the AR rows are <who>/ar")
     e.add_argument("--only", default=None, metavar="NAME,...", help=f"pieces to run, of {','.join(PIECES)}")
     e.add_argument("--force", action="store_true", help="evaluate again what the JSON already holds")
     r = sub.add_parser("render", help="write RESULTS.md (and the L2 figure) from the JSON logs")
