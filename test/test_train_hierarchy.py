@@ -149,7 +149,7 @@ def load_plan_from(tmp_path, plan: dict):
 def test_dagger_rounds_export_with_the_model_driving_and_train_on_the_union(tmp_path, capsys):
     plan = {"root": str(tmp_path / "h"), "scenarios": "highway", "episodes": 1, "batch_size": 2, "ar_steps": 1,
             "checkpoint_every": 1, "curriculum": [1, 4], "adapt_steps": 1, "distill_teacher_block": 1,
-            "dagger": {"rounds": 2, "episodes": 1, "expert_share": 0.5, "steps": 1, "lr": 1e-4,
+            "dagger": {"rounds": 2, "episodes": 1, "expert_share": [0.5, 0.2], "steps": 1, "lr": 1e-4,
                        "task_weights": {"plan": 1.0, "plan/junction": 0.3, "detect": 0.2, "ask": 0.1}}}
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
@@ -164,6 +164,8 @@ def test_dagger_rounds_export_with_the_model_driving_and_train_on_the_union(tmp_
     assert f"driver=@run:{root / 'student' / 'ar'}" in steps["student/dagger/r01/data"].overrides
     assert f"driver=@run:{r1}" in steps["student/dagger/r02/data"].overrides
     assert [o for o in steps["student/dagger/r02/data"].overrides if o.startswith("seed_offset")] == ["seed_offset=2"]
+    assert "expert_share=0.5" in steps["student/dagger/r01/data"].overrides  # one share per round
+    assert "expert_share=0.2" in steps["student/dagger/r02/data"].overrides
     def data_of(step: str, base: str):  # the step's data settings (its @run: links resolve only when it runs)
         return load_config(CONFIGS / base, [o for o in steps[step].overrides if "@run:" not in o]).data
 
@@ -182,11 +184,19 @@ def test_dagger_rounds_export_with_the_model_driving_and_train_on_the_union(tmp_
     assert out.count("exported") == 2 and out.count("trained (0 -> 1 steps)") == 3
     exported = json.loads((r1 / "data" / "manifest.json").read_text())
     assert exported["dagger"]["driver"].startswith(str(root / "student" / "ar" / "checkpoints"))
-    assert exported["splits"]["train"]["seeds"] == [1, 1]
+    assert exported["splits"]["train"]["seeds"] == [1, 1] and exported["dagger"]["expert_share"] == 0.5
+    second = json.loads((r2 / "data" / "manifest.json").read_text())
+    assert second["dagger"]["expert_share"] == 0.2 and second["splits"]["train"]["seeds"] == [2, 2]
     assert main(["hierarchy", "--plan", str(path), "--no-progress", "--only", "student/dagger/*"]) == 0
     assert capsys.readouterr().out.count("done (") == 4
     path.write_text(yaml.safe_dump({**plan, "dagger": {"rounds": 0}}))
     with pytest.raises(ConfigError, match="rounds"):
+        load_plan(path)
+    path.write_text(yaml.safe_dump({**plan, "dagger": {"rounds": 2, "expert_share": [0.5, 0.2, 0.1]}}))
+    with pytest.raises(ConfigError, match="3 shares for 2 rounds"):
+        load_plan(path)
+    path.write_text(yaml.safe_dump({**plan, "dagger": {"rounds": 2, "expert_share": [0.5, 1.5]}}))
+    with pytest.raises(ConfigError, match="expert_share in"):
         load_plan(path)
     path.write_text(yaml.safe_dump({**plan, "dagger": {"round": 2}}))
     with pytest.raises(ConfigError, match="dagger.round: unknown key"):

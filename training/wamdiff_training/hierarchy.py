@@ -40,20 +40,29 @@ class ModelPlan:
 @dataclass(slots=True)
 class DaggerPlan:
     """DAgger rounds after AR pretraining, per model: round r exports ``episodes`` fresh training episodes per
-    scenario driven by the model so far (``expert_share`` of the 0.5 s intervals by the expert), then trains it
-    ``steps`` more AR steps on the plan's data and every round's so far; later stages train on that union too."""
+    scenario driven by the model so far (``expert_share`` of the 0.5 s intervals by the expert: one share, or one
+    per round), then trains it ``steps`` more AR steps on the plan's data and every round's so far; later stages
+    train on that union too."""
 
     rounds: int = 1
     episodes: int = 60
-    expert_share: float = 0.5
+    expert_share: float | list[float] = 0.5
     steps: int = 2500
     lr: float | None = None  # None: the AR config's
     task_weights: dict[str, float] | None = None  # None: the plan's mix
 
     def __post_init__(self) -> None:
-        if self.rounds < 1 or self.episodes < 1 or self.steps < 1 or not 0 <= self.expert_share <= 1:
+        shares = self.expert_share if isinstance(self.expert_share, list) else [self.expert_share]
+        if self.rounds < 1 or self.episodes < 1 or self.steps < 1 or not all(0 <= v <= 1 for v in shares):
             raise ConfigError("hierarchy", "dagger", "rounds, episodes and steps must be >= 1 and expert_share in "
                                                      f"[0, 1]; got {self}")
+        if isinstance(self.expert_share, list) and len(self.expert_share) != self.rounds:
+            raise ConfigError("hierarchy", "dagger.expert_share",
+                              f"{len(self.expert_share)} shares for {self.rounds} rounds (give one, or one per round)")
+
+    def share(self, r: int) -> float:
+        """The expert's share of round ``r`` (1-based)."""
+        return float(self.expert_share[r - 1] if isinstance(self.expert_share, list) else self.expert_share)
 
 
 @dataclass(slots=True)
@@ -172,7 +181,8 @@ def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str]
         run_dir = root / who / "dagger" / f"r{r:02d}"
         # fresh training seeds: after the plan's episodes and the earlier rounds'
         steps.append(Step(f"{who}/dagger/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
-            f"driver=@run:{previous}", f"seed_offset={plan.episodes + (r - 1) * d.episodes}"]))
+            f"driver=@run:{previous}", f"seed_offset={plan.episodes + (r - 1) * d.episodes}",
+            f"expert_share={d.share(r)}"]))
         files.append(run_dir / "data" / "train.json")
         train_data = f"data.train=[{','.join(str(f) for f in files)}]"
         lr = [] if d.lr is None else [f"train.lr={d.lr}"]
@@ -187,10 +197,11 @@ def export_dagger(plan: HierarchyPlan, step: Step, driver: str, progress: bool) 
     ``driver`` (``step.out_dir`` / train.json; written last, so an export cut short runs again)."""
     from wamdiff_ros.world.dataset import main as export
 
-    offset = next(o.partition("=")[2] for o in step.overrides if o.startswith("seed_offset="))
+    setting = dict(o.split("=", 1) for o in step.overrides)
+    offset, share = setting["seed_offset"], setting["expert_share"]
     args = ["generate", "--scenarios", plan.scenarios, "--episodes", str(plan.dagger.episodes), "--split", "train",
             "--seed-offset", offset, "--noise-fraction", "0", "--driver", driver, "--expert-share",
-            str(plan.dagger.expert_share), "--workers", str(plan.workers), "--out", str(step.out_dir), "--overwrite"]
+            share, "--workers", str(plan.workers), "--out", str(step.out_dir), "--overwrite"]
     if export(args + ([] if progress else ["--no-progress"])) != 0:
         raise RuntimeError(f"the DAgger export into {step.out_dir} failed")
 
