@@ -341,9 +341,9 @@ def test_ar_rows_are_the_last_dagger_round_of_the_plan(fake, tmp_path):
         _run_folder(root, run, fake["ckpt"] / "ar")
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN + "dagger: {rounds: 2, episodes: 1, steps: 1}\n")
-    ar = results.final_ar_runs(str(plan), root)
+    ar = results.final_ar_runs(results.load_hierarchy_plan(str(plan), root), root)
     assert ar == {"teacher/ar": "teacher/dagger/r02", "student/ar": "student/dagger/r02"}
-    assert results.final_ar_runs(None, root) == {}
+    assert results.load_hierarchy_plan(None, root) is None and results.final_ar_runs(None, root) == {}
     assert [t.label for t in results.with_ar(results.CLOSED_LOOP, ar) if t.key == "ar"] == \
         ["AR model (student/dagger/r02)"]
     assert results.with_ar(results.OPEN_LOOP, {}) == results.OPEN_LOOP

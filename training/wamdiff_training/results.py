@@ -89,12 +89,11 @@ KNOWN_RUNS = ("teacher/ar", *(f"teacher/adapt/b{b:02d}" for b in (1, *PHASES)), 
               "student/ablation/rkl")
 
 
-def final_ar_runs(plan_path: str | None, root: Path) -> dict[str, str]:
-    """{"teacher/ar": run, "student/ar": run}: each model's final AR run under the hierarchy plan (its last DAgger
-    round when the plan has rounds, ``hierarchy.ar_run``), relative to ``root``; {} without a plan (the plain
-    ``<who>/ar`` runs)."""
+def load_hierarchy_plan(plan_path: str | None, root: Path):
+    """The hierarchy plan behind ``root`` (its root set to it), or None without ``--plan``; a plan that does not
+    load is refused with its file named."""
     if not plan_path:
-        return {}
+        return None
     from wamdiff_training import hierarchy
 
     try:
@@ -102,6 +101,17 @@ def final_ar_runs(plan_path: str | None, root: Path) -> dict[str, str]:
     except Exception as exc:  # noqa: BLE001 - the message names the plan file
         raise ResultsError(f"--plan {plan_path}: {exc}") from exc
     plan.root = str(root)
+    return plan
+
+
+def final_ar_runs(plan, root: Path) -> dict[str, str]:
+    """{"teacher/ar": run, "student/ar": run}: each model's final AR run under the hierarchy plan (its last DAgger
+    round when the plan has rounds, ``hierarchy.ar_run``), relative to ``root``; {} without a plan (the plain
+    ``<who>/ar`` runs)."""
+    if plan is None:
+        return {}
+    from wamdiff_training import hierarchy
+
     return {f"{who}/ar": str(hierarchy.ar_run(plan, who).relative_to(root)) for who in ("teacher", "student")}
 
 
@@ -611,19 +621,13 @@ def metrics_summary(path: Path) -> dict:
     return out
 
 
-def planned_steps(plan_path: str | None, root: Path) -> dict[str, int]:
-    """Step target per run from the hierarchy plan (its root set to --root); {} when the plan does not load."""
-    if not plan_path:
+def planned_steps(plan, root: Path) -> dict[str, int]:
+    """Step target per run from the hierarchy plan (``load_hierarchy_plan``); {} without one."""
+    if plan is None:
         return {}
-    try:
-        from wamdiff_training import hierarchy
+    from wamdiff_training import hierarchy
 
-        plan = hierarchy.load_plan(plan_path)
-        plan.root = str(root)
-        return {str(s.out_dir.relative_to(root)): s.steps for s in hierarchy.plan_steps(plan)}
-    except Exception as exc:  # noqa: BLE001 - the step targets are a nicety
-        log.info("results: runs: no step targets from %s (%s)", plan_path, exc)
-        return {}
+    return {str(s.out_dir.relative_to(root)): s.steps for s in hierarchy.plan_steps(plan)}
 
 
 def run_info(root: Path, run: str, planned: int | None) -> dict:
@@ -684,7 +688,7 @@ def data_volume(root: Path) -> dict:
     return out
 
 
-def evaluate_runs(root: Path, out: Path, plan: str | None) -> dict:
+def evaluate_runs(root: Path, out: Path, plan_path: str | None, plan) -> dict:
     """Always refreshed (it reads metadata only): every run folder of the hierarchy, known or found."""
     planned = planned_steps(plan, root)
     found = {str(p.parent.parent.relative_to(root)) for p in root.glob("**/checkpoints/latest")}
@@ -697,7 +701,7 @@ def evaluate_runs(root: Path, out: Path, plan: str | None) -> dict:
                 continue
             seen.add(info["checkpoint"])
         runs.append(info)
-    data = {"piece": "runs", "schema": SCHEMA, "settings": {"root": str(root), "plan": plan}, "runs": runs,
+    data = {"piece": "runs", "schema": SCHEMA, "settings": {"root": str(root), "plan": plan_path}, "runs": runs,
             "data": data_volume(root)}
     write_json(out / "runs.json", data)
     return data
@@ -713,10 +717,11 @@ def evaluate_all(args: argparse.Namespace) -> dict[str, str]:
         raise ResultsError(f"--root {root}: no such folder")
     if args.episodes < 1 or args.workers < 1 or (args.max_samples is not None and args.max_samples < 1):
         raise ResultsError("--episodes, --workers and --max-samples must be >= 1")
-    ar = final_ar_runs(args.plan, root)  # AR rows: each model's last DAgger round when the plan has rounds
+    plan = load_hierarchy_plan(args.plan, root)
+    ar = final_ar_runs(plan, root)  # AR rows: each model's last DAgger round when the plan has rounds
     done: dict[str, str] = {}
     if "runs" in only:
-        evaluate_runs(root, out, args.plan)
+        evaluate_runs(root, out, args.plan, plan)
         done["runs"] = "refreshed"
     open_pieces = [p for p in ("open_loop", "ablation", "divergence", "overlap") if p in only]
     if open_pieces:
