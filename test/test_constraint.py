@@ -53,41 +53,54 @@ def _decode(constraint, vocab: int, eos: int, block: int, steps: int, max_new: i
     return tokens
 
 
+@pytest.mark.parametrize("version", fmt.FORMAT_VERSIONS)
 @pytest.mark.parametrize("block, steps", [(1, 1), (4, 2), (8, 8), (32, 4), (32, 1), (128, 3)])
-def test_random_logits_always_parse_tiny_tokenizer(block, steps):
+def test_random_logits_always_parse_tiny_tokenizer(block, steps, version):
     tok = tiny_tokenizer()
     eos = tok.convert_tokens_to_ids(fmt.CHAT_END)
-    constraint = WaypointConstraint(tok, eos, 128)
+    constraint = WaypointConstraint(tok, eos, 128, format_version=version)
     for seed in range(5):
         tokens = _decode(constraint, len(tok), eos, block, steps, 128, seed)
         text = tok.decode(tokens)
         parsed = fmt.parse_waypoints(text)
         assert parsed.valid, (parsed.reason, text)
         assert eos in tokens
+        if version == 2:  # every number fixed-width, whatever order the positions were filled in
+            assert fmt.waypoint_text_version(text) == 2, text
 
 
+@pytest.mark.parametrize("version", fmt.FORMAT_VERSIONS)
 @pytest.mark.parametrize("block, steps", [(4, 4), (16, 2), (32, 4)])
-def test_random_logits_always_parse_with_merged_number_tokens(block, steps):
+def test_random_logits_always_parse_with_merged_number_tokens(block, steps, version):
     vocab = MergingVocab()
     eos = len(vocab) - 1
-    constraint = WaypointConstraint(vocab, eos, 128)
+    constraint = WaypointConstraint(vocab, eos, 128, format_version=version)
     for seed in range(5):
         tokens = _decode(constraint, len(vocab), eos, block, steps, 128, seed)
-        assert fmt.parse_waypoints(vocab.decode(tokens[: tokens.index(eos)])).valid
+        text = vocab.decode(tokens[: tokens.index(eos)])
+        assert fmt.parse_waypoints(text).valid
+        assert version == 1 or fmt.waypoint_text_version(text) == 2
     # tokens outside the grammar never get a signature; merged numeric pieces do
     assert constraint.token_sig[vocab.pieces.index("car")] < 0 and constraint.token_sig[vocab.pieces.index(" 1")] < 0
     assert constraint.token_sig[vocab.pieces.index(",-")] >= 0 and constraint.token_sig[vocab.pieces.index("5,")] >= 0
 
 
-def test_budget_is_respected_and_too_small_a_budget_is_refused():
+@pytest.mark.parametrize("version, width", [(1, 4), (2, 6)])  # "0.00" / "000.00"
+def test_budget_is_respected_and_too_small_a_budget_is_refused(version, width):
     tok = tiny_tokenizer()
     eos = tok.convert_tokens_to_ids(fmt.CHAT_END)
-    shortest = 16 * 4 + 15 + 1  # "0.00" x 16, commas, EOS
-    constraint = WaypointConstraint(tok, eos, shortest)
+    shortest = 16 * width + 15 + 1  # 16 numbers, commas, EOS
+    constraint = WaypointConstraint(tok, eos, shortest, format_version=version)
     tokens = _decode(constraint, len(tok), eos, 32, 4, shortest, seed=1)
     assert len(tokens) == shortest and fmt.parse_waypoints(tok.decode(tokens)).valid
     with pytest.raises(DecodeSettingsError, match=f"needs at least {shortest}"):
-        WaypointConstraint(tok, eos, shortest - 1)
+        WaypointConstraint(tok, eos, shortest - 1, format_version=version)
+
+
+def test_unknown_format_version_is_refused():
+    tok = tiny_tokenizer()
+    with pytest.raises(ValueError, match="format version 3"):
+        WaypointConstraint(tok, tok.convert_tokens_to_ids(fmt.CHAT_END), 128, format_version=3)
 
 
 def test_eos_only_after_sixteen_numbers_and_then_only_eos():

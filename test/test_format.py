@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -21,6 +22,8 @@ from wamdiff_ros.format import (
     NUM_WAYPOINTS,
     VISION_END,
     VISION_START,
+    FORMAT_VERSION,
+    FORMAT_VERSIONS,
     WAYPOINT_GRAMMAR_START,
     WAYPOINT_GRAMMAR_STATES,
     Box,
@@ -30,16 +33,26 @@ from wamdiff_ros.format import (
     ask_prompt,
     chat,
     detect_prompt,
+    check_format_version,
     format_boxes,
-    format_waypoints,
     parse_boxes,
     parse_text,
     parse_waypoints,
     plan_prompt,
+    reformat_waypoints,
     waypoint_grammar_complete,
-    waypoint_grammar_run,
-    waypoint_grammar_step,
+    waypoint_range,
+    waypoint_text_version,
 )
+from wamdiff_ros.format import format_waypoints as format_any
+from wamdiff_ros.format import waypoint_grammar_run as grammar_run_any
+from wamdiff_ros.format import waypoint_grammar_step as grammar_step_any
+
+# Most tests below pin waypoint format version 1, the paper's free width; version 2 (fixed width, the default the
+# package writes) has its own section at the end and shares the parser.
+format_waypoints = functools.partial(format_any, version=1)
+waypoint_grammar_run = functools.partial(grammar_run_any, version=1)
+waypoint_grammar_step = functools.partial(grammar_step_any, version=1)
 
 GRAMMAR_ALPHABET = "0123456789.,-"
 LIMIT = 999.99
@@ -544,3 +557,95 @@ def test_parsers_accept_ascii_digits_only() -> None:
 def test_format_waypoints_refuses_nan() -> None:
     with pytest.raises(ValueError, match="NaN"):
         format_waypoints(np.full((8, 2), np.nan))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Version 2: fixed width (3 integer places, zero-padded, a minus sign taking the first)
+
+EXAMPLE_TEXT_V2 = ("001.50,000.00,003.25,-00.01,005.00,-00.10,007.12,-00.30,009.40,-00.55,011.00,-00.90,013.33,"
+                   "-01.20,015.00,-01.60")
+
+
+def _accepts_v2(text: str) -> bool:
+    return waypoint_grammar_complete(grammar_run_any(WAYPOINT_GRAMMAR_START, text, version=2))
+
+
+def test_version_2_is_the_default_and_writes_fixed_width() -> None:
+    assert FORMAT_VERSION == 2 and FORMAT_VERSIONS == (1, 2)
+    assert format_any(EXAMPLE) == format_any(EXAMPLE, version=2) == EXAMPLE_TEXT_V2
+    assert all(len(n) == 6 for n in EXAMPLE_TEXT_V2.split(","))
+    np.testing.assert_array_equal(parse_waypoints(EXAMPLE_TEXT_V2).waypoints, EXAMPLE.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.0, "000.00"), (-0.004, "000.00"), (-0.006, "-00.01"), (7.5, "007.50"), (-7.5, "-07.50"),
+     (-12.345, "-12.35"), (123.456, "123.46"), (-99.99, "-99.99"), (-100.0, "-99.99"), (-1e6, "-99.99"),
+     (999.994, "999.99"), (math.inf, "999.99")],
+)
+def test_version_2_rounds_pads_and_clips(value: float, text: str) -> None:
+    out = format_any(np.full((NUM_WAYPOINTS, 2), value), version=2)
+    assert out == ",".join([text] * 2 * NUM_WAYPOINTS)
+    assert waypoint_text_version(out) == 2 and _accepts_v2(out)
+
+
+@given(waypoint_arrays)
+def test_version_2_round_trip_and_grammar(wp: np.ndarray) -> None:
+    text = format_any(wp, version=2)
+    assert waypoint_text_version(text) == 2 and _accepts_v2(text)
+    low, high = waypoint_range(2)
+    np.testing.assert_allclose(parse_waypoints(text).waypoints, np.clip(wp, low, high), rtol=0, atol=TOLERANCE)
+
+
+def test_reformat_between_versions_keeps_values() -> None:
+    assert reformat_waypoints(EXAMPLE_TEXT, 2) == EXAMPLE_TEXT_V2
+    assert reformat_waypoints(EXAMPLE_TEXT_V2, 1) == EXAMPLE_TEXT
+    assert reformat_waypoints("1.00,2.00", 2) is None
+
+
+def test_text_version_of_answers() -> None:
+    assert waypoint_text_version(EXAMPLE_TEXT) == 1
+    assert waypoint_text_version(EXAMPLE_TEXT_V2) == 2
+    assert waypoint_text_version(EXAMPLE_TEXT_V2 + CHAT_END) == 2
+    assert waypoint_text_version("garbage") is None
+    assert waypoint_text_version(",".join(["100.00"] * 15 + ["1.00"])) == 1  # one free-width number: version 1
+
+
+@pytest.mark.parametrize("text", [EXAMPLE_TEXT, "1.00", "-0.00", "-000.00", "0000.00", "-1.00", "00.00", "+00.00"])
+def test_version_2_grammar_refuses_other_widths(text: str) -> None:
+    state = grammar_run_any(WAYPOINT_GRAMMAR_START, text, version=2)
+    assert state == -1 or not waypoint_grammar_complete(state)
+    if text == EXAMPLE_TEXT:
+        assert state == -1
+
+
+def test_version_2_grammar_every_prefix_alive_and_states_can_finish() -> None:
+    for i in range(len(EXAMPLE_TEXT_V2)):
+        state = grammar_run_any(WAYPOINT_GRAMMAR_START, EXAMPLE_TEXT_V2[:i], version=2)
+        assert state >= 0 and not waypoint_grammar_complete(state)
+    reached, frontier, edges = {WAYPOINT_GRAMMAR_START}, [WAYPOINT_GRAMMAR_START], {}
+    while frontier:
+        state = frontier.pop()
+        edges[state] = {n for ch in GRAMMAR_ALPHABET if (n := grammar_step_any(state, ch, version=2)) >= 0}
+        for nxt in edges[state] - reached:
+            reached.add(nxt)
+            frontier.append(nxt)
+    assert len(reached) == WAYPOINT_GRAMMAR_STATES - 2 * NUM_WAYPOINTS  # the sign state is not used
+    finishing, changed = {WAYPOINT_GRAMMAR_STATES - 1}, True
+    while changed:
+        grown = {s for s in reached if edges[s] & finishing} | finishing
+        changed, finishing = grown != finishing, grown
+    assert finishing == reached
+
+
+@given(st.one_of(st.text(alphabet=GRAMMAR_ALPHABET, max_size=120), mutated_answers()))
+def test_version_2_grammar_complete_implies_fixed_width_parse(text: str) -> None:
+    if _accepts_v2(text):
+        assert waypoint_text_version(text) == 2
+
+
+def test_unknown_version_is_refused() -> None:
+    with pytest.raises(ValueError, match="format version 3"):
+        check_format_version(3)
+    with pytest.raises(ValueError, match="format version 0"):
+        format_any(EXAMPLE, version=0)

@@ -50,7 +50,8 @@ def test_ar_checkpoint_refuses_blocks(saved, tmp_path):
     _, folder = saved
     copy = _copy(folder, tmp_path)
     (copy / META_FILE).unlink()  # a plain Qwen3-VL checkpoint: autoregressive, next-token
-    assert load_checkpoint(copy).meta.prediction == "next_token"
+    meta = load_checkpoint(copy).meta
+    assert (meta.prediction, meta.format_version) == ("next_token", 1)  # a foreign model writes free-width numbers
     with pytest.raises(CheckpointError, match="block_size 4 exceeds the checkpoint's trained block size 1"):
         Planner.from_pretrained(str(copy), block_size=4)
     planner = Planner.from_pretrained(str(copy))
@@ -120,6 +121,7 @@ def test_wam_diff2_renamed_checkpoint_loads(saved, tmp_path):
     loaded = load_checkpoint(copy)
     assert loaded.meta.trained_block_size == 32 and loaded.meta.prediction == "in_place"
     assert loaded.meta.prompt_attention == "block_causal"
+    assert loaded.meta.format_version == 1  # the paper's free-width waypoints
     a, b = bundle.model.state_dict(), loaded.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 

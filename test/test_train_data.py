@@ -22,7 +22,8 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.world.dataset import main as export
-from wamdiff_training.data import Record, RecordError, SampleDataset, encode_record, load_records, mix_group
+from wamdiff_training.data import Record, RecordError, SampleDataset, answer_format_version, encode_record, load_records
+from wamdiff_training.data import mix_group
 from wamdiff_training.sampling import TaskMix, TaskMixSampler
 
 TASKS = ["plan"] * 30 + ["detect"] * 30 + ["ask"] * 60
@@ -179,6 +180,50 @@ def test_malformed_files_name_the_file(tmp_path, text, words):
 def test_duplicate_ids_across_files_are_refused(exported):
     with pytest.raises(RecordError, match="duplicate id"):
         load_records([exported / "train.json", exported / "train.json"])
+
+
+def test_export_writes_fixed_width_and_reformat_converts_both_ways(exported, tmp_path, capsys):
+    records = load_records(exported / "train.json")
+    plans = [r for r in records if r.task == "plan"]
+    assert json.loads((exported / "manifest.json").read_text())["format_version"] == fmt.FORMAT_VERSION == 2
+    assert {fmt.waypoint_text_version(r.answer) for r in plans} == {2}
+    assert answer_format_version(records) == 2
+    assert export(["reformat", str(exported / "train.json"), "--version", "1", "--suffix", "_v1"]) == 0
+    assert f"{len(plans)} plan answers rewritten in format 1" in capsys.readouterr().out
+    old = load_records(exported / "train_v1.json")  # beside the original: the images resolve the same
+    assert answer_format_version(old) == 1 and all(r.image_path.is_file() for r in old)
+    for a, b in zip(records, old):
+        assert (a.id, a.user, a.task) == (b.id, b.user, b.task)
+        if a.task == "plan":
+            ours, theirs = fmt.parse_waypoints(a.answer), fmt.parse_waypoints(b.answer)
+            np.testing.assert_array_equal(ours.waypoints, theirs.waypoints)
+        else:
+            assert a.answer == b.answer
+    # one run trains one width: mixing the two is refused, naming both files
+    with pytest.raises(RecordError, match=r"train_v1\.json.*format 1.*train\.json.*format 2.*wamdiff-data reformat"):
+        answer_format_version(old + records)
+    # in place, back to 2
+    copy = tmp_path / "train.json"
+    copy.write_text((exported / "train_v1.json").read_text())
+    assert export(["reformat", str(copy)]) == 0
+    assert json.loads(copy.read_text()) == json.loads((exported / "train.json").read_text())
+
+
+def test_reformat_refuses_a_plan_answer_that_does_not_parse_and_writes_nothing(exported, tmp_path, capsys):
+    raw = json.loads((exported / "train.json").read_text())
+    i = next(k for k, s in enumerate(raw) if s["task"] == "plan")
+    raw[i]["conversations"][1]["value"] = "1.00,2.00"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(raw))
+    before = bad.read_text()
+    assert export(["reformat", str(bad), "--version", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"bad.json: record {i}" in err and "expected 16 numbers" in err and "nothing written" in err
+    assert bad.read_text() == before
+
+
+def test_answer_format_version_without_plans_is_none(exported):
+    assert answer_format_version([r for r in load_records(exported / "train.json") if r.task != "plan"]) is None
 
 
 def test_task_mix_shares_and_probabilities():

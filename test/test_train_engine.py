@@ -280,6 +280,22 @@ def test_ar_stage_overfits_and_its_checkpoint_plans(data, tmp_path):
     assert (plan.stats.mode, plan.stats.block_size) == ("ar", 1)
 
 
+def test_checkpoints_record_the_waypoint_format_of_their_data(data, reference, tmp_path):
+    def version(run: Path) -> int:
+        folder = checkpoint.resolve("latest", run)
+        return json.loads((folder / "wamdiff.json").read_text())["format_version"]
+
+    assert version(reference) == 2  # a fresh export writes fixed width
+    old = tmp_path / "train_v1.json"
+    old.write_text(data.read_text().replace('"images/', f'"{data.parent}/images/'))
+    assert export(["reformat", str(old), "--version", "1"]) == 0
+    raw = raw_config(old, tmp_path / "run", steps=1, warmup=0)
+    raw["model"] = {"init": str(checkpoint.resolve("latest", reference))}  # a format-2 model learns format 1
+    train(from_dict(raw), STAGES["ar"], "ar", progress=False)
+    assert version(tmp_path / "run") == 1
+    assert Planner.from_pretrained(str(checkpoint.resolve("latest", tmp_path / "run")))._constraint.format_version == 1
+
+
 # -- refusals --------------------------------------------------------------------------------------------------------
 
 

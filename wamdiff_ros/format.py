@@ -2,6 +2,12 @@
 
 Frame convention (stated once, used everywhere): waypoints are in the ego frame at the current pose,
 x forward, y left, metres, one every 0.5 s for 4 s (8 points), written with 2 decimals.
+Waypoint numbers come in two widths (``FORMAT_VERSIONS``; a checkpoint's ``format_version`` says which it writes):
+version 1 is the paper's free width (``2.26,-0.17``); version 2, what this package exports and trains, gives every
+number 3 integer places, zero-padded, a minus sign taking the first (``002.26,-00.17``, range -99.99..999.99).
+Fixed width gives each answer position one role (say "tenths of x4"), which a block of [MASK] tokens decoded in any
+order needs: a tiny model trained on free-width answers fills late positions with the digits of the wrong number
+(training/README.md, "Number width"). Prompts are the same in both versions.
 Boxes are written on a 0-1000 image grid (x right, y down) as ``label:x1,y1,x2,y2`` items joined by ``;``.
 """
 
@@ -14,7 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what this package writes
+FORMAT_VERSIONS = (1, 2)  # what it reads and decodes
 NUM_WAYPOINTS = 8
 WAYPOINT_DT_S = 0.5
 WAYPOINT_DECIMALS = 2
@@ -111,12 +118,47 @@ def chat(user: str, image_tokens: int) -> str:
 # Answers
 
 
-def format_waypoints(waypoints: np.ndarray) -> str:
-    limit = 10.0**MAX_INT_DIGITS - 0.01
+def check_format_version(version: int) -> int:
+    if version not in FORMAT_VERSIONS:
+        raise ValueError(f"format version {version!r} is not one of {FORMAT_VERSIONS}")
+    return version
+
+
+def waypoint_range(version: int = FORMAT_VERSION) -> tuple[float, float]:
+    """The numbers a version can write; ``format_waypoints`` clips to it."""
+    top = 10.0**MAX_INT_DIGITS - 0.01
+    return (-top if check_format_version(version) == 1 else -(10.0 ** (MAX_INT_DIGITS - 1) - 0.01)), top
+
+
+def _fixed(v: float) -> str:
+    """Version 2: 3 integer places, zero-padded; a minus sign takes the first."""
+    text = _num(v)
+    if text.startswith("-"):
+        return "-" + text[1:].rjust(MAX_INT_DIGITS + WAYPOINT_DECIMALS, "0")
+    return text.rjust(MAX_INT_DIGITS + 1 + WAYPOINT_DECIMALS, "0")
+
+
+def format_waypoints(waypoints: np.ndarray, version: int = FORMAT_VERSION) -> str:
     if np.isnan(np.asarray(waypoints, dtype=np.float64)).any():
         raise ValueError("waypoints contain NaN")
-    arr = np.clip(np.asarray(waypoints, dtype=np.float64).reshape(NUM_WAYPOINTS, 2), -limit, limit)
-    return ",".join(_num(v) for v in arr.reshape(-1))
+    low, high = waypoint_range(version)
+    arr = np.clip(np.asarray(waypoints, dtype=np.float64).reshape(NUM_WAYPOINTS, 2), low, high)
+    write = _num if version == 1 else _fixed
+    return ",".join(write(v) for v in arr.reshape(-1))
+
+
+def reformat_waypoints(text: str, version: int = FORMAT_VERSION) -> str | None:
+    """A waypoint answer rewritten in ``version``'s width (values unchanged); None when it does not parse."""
+    parsed = parse_waypoints(text)
+    return format_waypoints(parsed.waypoints.astype(np.float64), version) if parsed.valid else None
+
+
+def waypoint_text_version(text: str) -> int | None:
+    """2 when every number of a valid answer has the fixed width, 1 when it parses otherwise, None when invalid."""
+    parsed = parse_waypoints(text)
+    if not parsed.valid:
+        return None
+    return 2 if all(_FIXED_NUMBER.match(p.strip()) for p in _strip_answer(text).split(",")) else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +194,8 @@ class BoxParse:
 
 
 _NUMBER = re.compile(r"^-?[0-9]{1,%d}\.[0-9]{%d}$" % (MAX_INT_DIGITS, WAYPOINT_DECIMALS))
+_FIXED_NUMBER = re.compile(r"^(?:-[0-9]{%d}|[0-9]{%d})\.[0-9]{%d}$"
+                           % (MAX_INT_DIGITS - 1, MAX_INT_DIGITS, WAYPOINT_DECIMALS))
 _BOX_ITEM = re.compile(r"^\s*([A-Za-z][\w \-]*)\s*:\s*(-?[0-9]+(?:\.[0-9]+)?)\s*,\s*(-?[0-9]+(?:\.[0-9]+)?)\s*,"
                        r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*,\s*(-?[0-9]+(?:\.[0-9]+)?)\s*$", re.ASCII)
 
@@ -207,7 +251,9 @@ def parse_text(text: str) -> str:
 # Character grammar of the planning answer, for the decoder's vocabulary constraint.
 # States: number k in [0, 16) times a position inside the number, then DONE (answer complete, EOS next).
 # Inside a number: 0 start, 1 after '-', 2..1+MAX_INT_DIGITS after that many integer digits, then '.', then
-# the decimals. The decoder lifts this to tokens; the parser above accepts everything this accepts.
+# the decimals. Version 2 counts a leading '-' as an integer place (0 -> 2) and allows '.' only after all
+# MAX_INT_DIGITS places, so state 1 is unused there. The decoder lifts this to tokens; the parser above accepts
+# everything either version accepts.
 
 _SUB_START, _SUB_SIGN = 0, 1
 _SUB_DOT = 2 + MAX_INT_DIGITS  # states 2 .. 1+MAX_INT_DIGITS count integer digits
@@ -217,29 +263,32 @@ WAYPOINT_GRAMMAR_STATES = _NUMBERS * _SUB_STATES
 WAYPOINT_GRAMMAR_START = 0
 
 
-def waypoint_grammar_step(state: int, char: str) -> int:
-    """Next state after ``char``, or -1 where the grammar forbids it."""
+def waypoint_grammar_step(state: int, char: str, version: int = FORMAT_VERSION) -> int:
+    """Next state after ``char``, or -1 where ``version``'s grammar forbids it."""
     if not 0 <= state < WAYPOINT_GRAMMAR_STATES:
         return -1
     k, sub = divmod(state, _SUB_STATES)
     base = k * _SUB_STATES
     digit = len(char) == 1 and "0" <= char <= "9"
+    fixed = check_format_version(version) == 2
     if sub == _SUB_START:
-        return base + _SUB_SIGN if char == "-" else (base + 2 if digit else -1)
-    if sub == _SUB_SIGN:
+        if char == "-":
+            return base + (2 if fixed else _SUB_SIGN)
         return base + 2 if digit else -1
+    if sub == _SUB_SIGN:
+        return base + 2 if digit and not fixed else -1
     if sub < _SUB_DOT:
         if char == ".":
-            return base + _SUB_DOT
+            return base + _SUB_DOT if not fixed or sub == _SUB_DOT - 1 else -1
         return base + sub + 1 if digit and sub + 1 < _SUB_DOT else -1
     if sub < _SUB_STATES - 1:
         return base + sub + 1 if digit else -1
     return base + _SUB_STATES if char == "," and k + 1 < _NUMBERS else -1
 
 
-def waypoint_grammar_run(state: int, text: str) -> int:
+def waypoint_grammar_run(state: int, text: str, version: int = FORMAT_VERSION) -> int:
     for ch in text:
-        state = waypoint_grammar_step(state, ch)
+        state = waypoint_grammar_step(state, ch, version)
         if state < 0:
             return -1
     return state

@@ -63,9 +63,10 @@ class DecodeMeta:
             raise CheckpointError(f"{META_FILE}: trained_block_size {self.trained_block_size} must be >= 1")
         if self.prediction == "next_token" and self.trained_block_size != 1:
             raise CheckpointError(f"{META_FILE}: a next_token (AR) checkpoint has trained_block_size 1")
-        if self.format_version != fmt.FORMAT_VERSION:
+        if self.format_version not in fmt.FORMAT_VERSIONS:
             raise CheckpointError(
-                f"{META_FILE}: format_version {self.format_version} differs from this package's {fmt.FORMAT_VERSION}"
+                f"{META_FILE}: format_version {self.format_version} is not one this package reads "
+                f"{fmt.FORMAT_VERSIONS}"
             )
 
     def check_block_size(self, block_size: int) -> None:
@@ -144,10 +145,10 @@ def _read_meta(folder: Path, config: Qwen3VLConfig) -> DecodeMeta:
         except (TypeError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{path}: bad decode metadata ({exc})") from exc
     block = getattr(config, "block_size", None)
-    if block:  # a WAM-Diff2 config without our metadata file
-        return DecodeMeta(trained_block_size=int(block), prompt_attention="block_causal")
+    if block:  # a WAM-Diff2 config without our metadata file: the paper's free-width answers
+        return DecodeMeta(trained_block_size=int(block), prompt_attention="block_causal", format_version=1)
     log.warning("%s has no %s: treating it as an autoregressive Qwen3-VL model", folder, META_FILE)
-    return DecodeMeta(prediction="next_token", trained_block_size=1, prompt_attention="causal")
+    return DecodeMeta(prediction="next_token", trained_block_size=1, prompt_attention="causal", format_version=1)
 
 
 def _check_weights(folder: Path) -> list[Path]:

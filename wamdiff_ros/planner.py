@@ -121,7 +121,8 @@ class Planner:
         self.settings = settings
         vocab = bundle.model.get_output_embeddings().weight.shape[0]
         self._constraint = (
-            WaypointConstraint(bundle.tokenizer, bundle.eos_token_id, settings.max_new_tokens, vocab)
+            WaypointConstraint(bundle.tokenizer, bundle.eos_token_id, settings.max_new_tokens, vocab,
+                               bundle.meta.format_version)
             if settings.constrain
             else None
         )

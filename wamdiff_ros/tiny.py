@@ -35,7 +35,8 @@ def _corpus(seed: int = 0, n: int = 400) -> list[str]:
         vel = (rng.uniform(-2, 30), rng.uniform(-2, 2))
         acc = (rng.uniform(-5, 5), rng.uniform(-2, 2))
         lines.append(fmt.plan_prompt(cmd, vel, acc))
-        lines.append(fmt.format_waypoints(np.array([[rng.uniform(0, 60), rng.uniform(-8, 8)] for _ in range(8)])))
+        wp = np.array([[rng.uniform(0, 60), rng.uniform(-8, 8)] for _ in range(8)])
+        lines.append(fmt.format_waypoints(wp, version=1))  # version 1: the tokenizer stays the one models shipped with
     lines += [
         fmt.detect_prompt(),
         fmt.ask_prompt("Is the lane to the left free?"),

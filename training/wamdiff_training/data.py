@@ -221,6 +221,26 @@ def load_records(paths: str | Path | Iterable[str | Path], root: str | Path | No
     return records
 
 
+def answer_format_version(records: Sequence[Record]) -> int | None:
+    """The waypoint format version (``wamdiff_ros.format``) the plan answers are written in; None without plan
+    answers. Answers of both versions in one run are refused, naming the first record of each: a model learns one
+    width, and its checkpoint records which (``DecodeMeta.format_version``)."""
+    first: dict[int, Record] = {}
+    for record in records:
+        if record.task == "plan":
+            version = fmt.waypoint_text_version(record.answer)
+            if version is not None and version not in first:
+                first[version] = record
+                if len(first) > 1:
+                    break
+    if len(first) > 1:
+        old, new = first[1], first[2]
+        raise RecordError(old.source, f"plan answer {old.id!r} is written in waypoint format 1 (free width) but "
+                                      f"{new.source} ({new.id!r}) in format 2 (fixed width); rewrite the old files "
+                                      "with `wamdiff-data reformat` so a run trains one width")
+    return next(iter(first), None)
+
+
 def encode_answer(bundle: ModelBundle, text: str) -> torch.Tensor:
     """Answer text -> token ids ending with EOS (``<|im_end|>`` closes the assistant turn), on the CPU."""
     ids = bundle.tokenizer(text, add_special_tokens=False)["input_ids"] + [bundle.eos_token_id]

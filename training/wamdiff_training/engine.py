@@ -10,6 +10,7 @@ into ranks and micro-batches. The logged loss is the same global mean.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -30,7 +31,7 @@ from torch import nn
 from wamdiff_ros.model import DecodeMeta, ModelBundle, load_checkpoint, tiny_random
 from wamdiff_training import checkpoint
 from wamdiff_training.config import Config, ConfigError
-from wamdiff_training.data import Sample, SampleDataset, load_records, mix_group
+from wamdiff_training.data import Sample, SampleDataset, answer_format_version, load_records, mix_group
 from wamdiff_training.metrics_log import MetricsLog
 from wamdiff_training.sampling import TaskMix, TaskMixSampler
 
@@ -245,6 +246,7 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
         bundle = build_bundle(config)
     records = load_records(config.data.train, config.data.root, config.data.turns)[: config.data.limit]
     dataset = SampleDataset(records, bundle, config.data.cache_size)
+    data_format = answer_format_version(records)  # the width the model learns, saved with every checkpoint
     weights = config.data.task_weights
     sampler = TaskMixSampler([mix_group(r, weights) for r in records], TaskMix(weights), t.batch_size * t.grad_accum,
                              seed=t.seed, rank=ctx.rank, world_size=ctx.world_size, epoch_size=config.data.epoch_size)
@@ -297,7 +299,7 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
             spe = sampler.steps_per_epoch  # the trainer's own count, whatever the iterator fetched ahead
             position = {**sampler.state_dict(), "epoch": done // spe, "position": done % spe}
             saved = checkpoint.save(out.dir, done, module=runner, optimizer=optimizer, scheduler=scheduler,
-                                    sampler_state=position, bundle=bundle, meta=stage.decode_meta(bundle.meta),
+                                    sampler_state=position, bundle=bundle, meta=_meta(stage, bundle, data_format),
                                     fingerprint=config.fingerprint(), stage=stage_name, keep=out.keep) or saved
         if stop_after is not None and done >= stop_after:
             metrics_log.close()
@@ -308,6 +310,12 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
     ran, wall = t.steps - start, time.perf_counter() - began
     rate = ran / wall if wall > 0 else 0.0
     return TrainResult(t.steps, losses, saved, rate, rate * global_batch)
+
+
+def _meta(stage: Stage, bundle: ModelBundle, data_format: int | None) -> DecodeMeta:
+    """The stage's decode metadata, with the waypoint format of the data it trained on (when it had plans)."""
+    meta = stage.decode_meta(bundle.meta)
+    return meta if data_format is None else dataclasses.replace(meta, format_version=data_format)
 
 
 def _progress(enabled: bool, start: int, total: int):

@@ -53,7 +53,8 @@ def run(model: str, new_tokens: int, runs: int, static_steps: int, device: str, 
     image = np.random.default_rng(seed).integers(0, 256, (256, 512, 3), dtype=np.uint8)
     prompt = encode_prompt(bundle, fmt.plan_prompt(fmt.Command.FOLLOW, (8.0, 0.0), (0.0, 0.0)), image)
     vocab = bundle.model.get_output_embeddings().weight.shape[0]
-    constraint = WaypointConstraint(bundle.tokenizer, bundle.eos_token_id, new_tokens, vocab)
+    constraint = WaypointConstraint(bundle.tokenizer, bundle.eos_token_id, new_tokens, vocab,
+                                    bundle.meta.format_version)
     entries = contenders(new_tokens, static_steps)
     times: dict[str, list[float]] = {c.name: [] for c in entries}
     calls: dict[str, int] = {}

@@ -56,9 +56,12 @@ def _preimage(states: int, groups: Groups) -> int:
 
 
 class WaypointConstraint:
-    def __init__(self, tokenizer, eos_id: int, max_new_tokens: int, vocab_size: int | None = None) -> None:
-        """``vocab_size``: the model's logit count (embedding rows may exceed the tokenizer's length)."""
+    def __init__(self, tokenizer, eos_id: int, max_new_tokens: int, vocab_size: int | None = None,
+                 format_version: int = fmt.FORMAT_VERSION) -> None:
+        """``vocab_size``: the model's logit count (embedding rows may exceed the tokenizer's length);
+        ``format_version``: the waypoint width the checkpoint writes (``DecodeMeta.format_version``)."""
         vocab_size = vocab_size or len(tokenizer)
+        self.format_version = fmt.check_format_version(format_version)
         n_char = fmt.WAYPOINT_GRAMMAR_STATES
         self.end_state = n_char  # after EOS; EOS repeats to pad the budget
         signatures: dict[Groups, int] = {}
@@ -71,7 +74,7 @@ class WaypointConstraint:
                 continue
             pairs: dict[int, int] = {}
             for s in range(n_char):
-                nxt = fmt.waypoint_grammar_run(s, text)
+                nxt = fmt.waypoint_grammar_run(s, text, format_version)
                 if nxt >= 0:
                     pairs[nxt - s] = pairs.get(nxt - s, 0) | (1 << s)
             if pairs:

@@ -233,7 +233,45 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--overwrite", action="store_true",
                    help="replace these splits' files in a non-empty --out (other splits are kept)")
     g.add_argument("--no-progress", action="store_true")
+    r = sub.add_parser("reformat", help="rewrite the plan answers of exported JSON in another waypoint format "
+                                        "version (values kept; other records untouched)")
+    r.add_argument("files", nargs="+", type=Path, help="conversation JSON files (train.json, ...)")
+    r.add_argument("--version", type=int, default=fmt.FORMAT_VERSION, choices=fmt.FORMAT_VERSIONS,
+                   help="target waypoint format version (default: %(default)s, fixed width)")
+    r.add_argument("--suffix", default=None,
+                   help="write <name><suffix>.json beside each file (images resolve the same); default: in place")
     return parser
+
+
+def reformat(args: argparse.Namespace) -> None:
+    """Rewrite every plan answer of each file in ``args.version``; a file is written whole (temp + rename) only
+    after all of its answers converted, so a file with an answer that does not parse is left as it was."""
+    for path in args.files:
+        try:
+            records = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DatasetError(f"{path}: cannot read conversation JSON ({exc})") from exc
+        if not isinstance(records, list):
+            raise DatasetError(f"{path}: expected a list of records")
+        changed = 0
+        for index, record in enumerate(records):
+            turns = record.get("conversations") if isinstance(record, dict) else None
+            if not isinstance(turns, list) or len(turns) < 2 or record.get("task", "plan") != "plan":
+                continue
+            text = turns[1].get("value") if isinstance(turns[1], dict) else None
+            if fmt.waypoint_text_version(text) is None:
+                if record.get("task") == "plan":
+                    raise DatasetError(f"{path}: record {index} ({record.get('id')!r}): its plan answer does not "
+                                       f"parse ({fmt.parse_waypoints(text).reason}); nothing written")
+                continue  # no task field and not waypoints: a detect / ask record
+            new = fmt.reformat_waypoints(text, args.version)
+            changed += new != text
+            turns[1]["value"] = new
+        out = path if args.suffix is None else path.with_name(path.stem + args.suffix + path.suffix)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(records, indent=1))
+        tmp.replace(out)
+        print(f"{path} -> {out}: {changed} plan answers rewritten in format {args.version}")
 
 
 def _check(args: argparse.Namespace, splits: list[str]) -> None:
@@ -304,7 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     try:
-        generate(args, argv)
+        if args.action == "reformat":
+            reformat(args)
+        else:
+            generate(args, argv)
     except (ScenarioError, DatasetError) as exc:
         print(f"wamdiff-data: error: {exc}", file=sys.stderr)
         return 2
