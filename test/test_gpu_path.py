@@ -248,13 +248,13 @@ def test_flashinfer_layout_decodes_the_same_tokens_in_the_engine(scaled_bundle, 
 def test_generate_with_a_runner_matches_generate_without(scaled_bundle, road_image):
     b = scaled_bundle
     prompt = _prompt(b, road_image)
-    settings = DecodeSettings(block_size=16, steps=16, max_new_tokens=96)  # the grammar needs >= 80 tokens
+    settings = DecodeSettings(block_size=16, steps=16, max_new_tokens=128)  # format 2's grammar needs >= 112
     runner = GraphRunner(DecoderEngine(b.model, _capacity(prompt, settings)), b.mask_token_id)
     plain = generate(b, prompt, settings, ignore_eos=True)
     fast = generate(b, prompt, settings, ignore_eos=True, runner=runner)
     assert fast.result.tokens == plain.result.tokens and fast.mode == "block"
     vocab = b.model.get_output_embeddings().weight.shape[0]
-    constraint = WaypointConstraint(b.tokenizer, b.eos_token_id, settings.max_new_tokens, vocab)
+    constraint = WaypointConstraint(b.tokenizer, b.eos_token_id, settings.max_new_tokens, vocab, b.meta.format_version)
     constrained = generate(b, prompt, settings, constraint, ignore_eos=True)
     assert generate(b, prompt, settings, constraint, ignore_eos=True, runner=runner).result.tokens == \
         constrained.result.tokens  # a constraint takes the host-side loop on the runner's engine
