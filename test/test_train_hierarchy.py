@@ -17,6 +17,7 @@ except ImportError:  # not installed: use the source tree
 
 from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.planner import EgoState, Planner
+from wamdiff_training import checkpoint
 from wamdiff_training.cli import main
 from wamdiff_training.config import ConfigError, load_config
 from wamdiff_training.engine import build_bundle
@@ -201,3 +202,41 @@ def test_dagger_rounds_export_with_the_model_driving_and_train_on_the_union(tmp_
     path.write_text(yaml.safe_dump({**plan, "dagger": {"round": 2}}))
     with pytest.raises(ConfigError, match="dagger.round: unknown key"):
         load_plan(path)
+
+
+def test_adapt_dagger_rounds_are_driven_by_the_b32_model_and_feed_the_later_stages(tmp_path, capsys):
+    plan = {"root": str(tmp_path / "h"), "scenarios": "highway", "episodes": 1, "batch_size": 2, "ar_steps": 1,
+            "checkpoint_every": 1, "curriculum": [1, 4], "adapt_steps": 1, "distill_teacher_block": 1,
+            "dagger": {"rounds": 1, "episodes": 1, "steps": 1},
+            "adapt_dagger": {"rounds": 1, "episodes": 1, "expert_share": 0.2, "steps": 1, "lr": 1e-4}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    steps = {s.name: s for s in plan_steps(load_plan(path))}
+    names = list(steps)
+    assert names[names.index("student/adapt/b04") + 1:names.index("student/distill")] == [
+        "student/adapt_dagger/r01/data", "student/adapt_dagger/r01"]
+    root = Path(plan["root"])
+    r1 = root / "student" / "adapt_dagger" / "r01"
+    data = steps["student/adapt_dagger/r01/data"].overrides
+    assert f"driver=@run:{root / 'student' / 'adapt' / 'b04'}" in data  # the largest-B model drives
+    assert "seed_offset=2" in data and "expert_share=0.2" in data  # seeds after the plan's and the AR round's
+    train = steps["student/adapt_dagger/r01"]
+    assert (train.stage, train.base) == ("adapt", "tiny_adapt")
+    config = load_config(CONFIGS / "tiny_adapt.yaml", [o for o in train.overrides if "@run:" not in o])
+    assert config.adapt.block_size == 4 and config.train.lr == 1e-4
+    assert [Path(p) for p in config.data.train] == [root / "data" / "train.json",
+                                                    root / "student" / "dagger" / "r01" / "data" / "train.json",
+                                                    r1 / "data" / "train.json"]
+    assert f"model.init=@run:{r1}" in steps["student/distill"].overrides  # Stage II starts from the last round
+    assert len(load_config(CONFIGS / "tiny_cross_scale.yaml", [o for o in steps["student/cross_scale"].overrides
+                                                               if "@run:" not in o]).data.train) == 3
+
+    only = "student/ar,student/dagger/*,student/adapt/*,student/adapt_dagger/*"
+    assert main(["hierarchy", "--plan", str(path), "--no-progress", "--only", only]) == 0
+    out = capsys.readouterr().out
+    assert out.count("exported") == 2 and out.count("trained (0 -> 1 steps)") == 5
+    exported = json.loads((r1 / "data" / "manifest.json").read_text())
+    assert exported["dagger"]["driver"].startswith(str(root / "student" / "adapt" / "b04" / "checkpoints"))
+    assert exported["splits"]["train"]["seeds"] == [2, 2] and exported["dagger"]["expert_share"] == 0.2
+    meta = json.loads((checkpoint.resolve("latest", r1) / "wamdiff.json").read_text())
+    assert (meta["prediction"], meta["trained_block_size"], meta["format_version"]) == ("in_place", 4, 2)

@@ -2,7 +2,8 @@
 
 Order (anchors §1): world data -> AR pretraining of a teacher and a smaller student -> optional DAgger rounds (each
 model drives part of fresh episodes, the expert labels them, AR training goes on over all data) -> Stage I curriculum
-(B = 1 -> ... -> 32) for both -> Stage II for both (each model's small-block phase teaches its B = 32 phase) ->
+(B = 1 -> ... -> 32) for both -> optional DAgger rounds of the B = 32 models (driven by the diffusion model, trained
+with Stage I's loss at B = 32) -> Stage II for both (each model's small-block phase teaches its B = 32 phase) ->
 Stage III (the teacher's B = 32 model -> the student). Every step is skipped when its run already reached its
 steps and resumed from its last checkpoint when it was cut short, so after a kill the same command goes on.
 """
@@ -84,6 +85,7 @@ class HierarchyPlan:
     distill_steps: int = 200
     cross_scale_steps: int = 200
     dagger: DaggerPlan | None = None
+    adapt_dagger: DaggerPlan | None = None  # rounds driven by each model's B = 32 model, after its Stage I
     ablations: bool = True  # the student's ablation runs after the main chain (see plan_steps)
 
 
@@ -105,7 +107,8 @@ def load_plan(path: str | Path) -> HierarchyPlan:
         raise ConfigError(str(path), sorted(unknown)[0], f"unknown key; known: {', '.join(sorted(known))}")
     if "root" not in raw:
         raise ConfigError(str(path), "root", "missing: the folder every run of the hierarchy writes into")
-    for key, kind in (("teacher", ModelPlan), ("student", ModelPlan), ("dagger", DaggerPlan)):
+    for key, kind in (("teacher", ModelPlan), ("student", ModelPlan), ("dagger", DaggerPlan),
+                      ("adapt_dagger", DaggerPlan)):
         if raw.get(key) is not None:
             unknown = set(raw[key]) - set(kind.__slots__)
             if unknown:
@@ -143,13 +146,18 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
             *common, f"model.tiny.hidden={m.hidden}", f"model.tiny.layers={m.layers}", f"model.tiny.seed={m.seed}",
             f"model.tiny.vision_hidden={m.vision_hidden}", f"model.tiny.vision_depth={m.vision_depth}"]))
         previous = ar_dir
+        files = [data]
         if plan.dagger is not None:
-            previous, common = _dagger_steps(plan, who, previous, base, steps)
+            previous, files = _dagger_steps(plan, who, previous, base, steps, files)
+            common = [_union(files), *base]
         for b, phase_steps in zip(plan.curriculum, adapt_schedule(plan, m)):
             out = root / who / "adapt" / f"b{b:02d}"
             steps.append(Step(f"{who}/adapt/b{b:02d}", "adapt", "tiny_adapt", out, phase_steps, [
                 *common, f"model.init=@run:{previous}", f"adapt.block_size={b}"]))
             previous = out
+        if plan.adapt_dagger is not None:
+            previous, files = _dagger_steps(plan, who, previous, base, steps, files, diffusion=True)
+            common = [_union(files), *base]
         small = root / who / "adapt" / f"b{plan.distill_teacher_block:02d}"
         steps.append(Step(f"{who}/distill", "distill", "tiny_distill", root / who / "distill", plan.distill_steps, [
             *common, f"model.init=@run:{previous}", f"distill.teacher=@run:{small}",
@@ -170,36 +178,44 @@ def ar_run(plan: HierarchyPlan, who: str) -> Path:
     return root / "ar" if plan.dagger is None else root / "dagger" / f"r{plan.dagger.rounds:02d}"
 
 
-def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str],
-                  steps: list[Step]) -> tuple[Path, list[str]]:
-    """Appends ``who``'s DAgger rounds to ``steps``; returns the last round's run and the overrides (with the union
-    of the data) that the rest of ``who``'s chain trains with."""
-    d, root = plan.dagger, Path(plan.root)
-    files = [root / "data" / "train.json"]
+def _union(files: list[Path]) -> str:
+    return f"data.train=[{','.join(str(f) for f in files)}]"
+
+
+def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str], steps: list[Step],
+                  files: list[Path], diffusion: bool = False) -> tuple[Path, list[Path]]:
+    """Appends ``who``'s DAgger rounds to ``steps`` (``plan.dagger``'s AR rounds, or with ``diffusion``
+    ``plan.adapt_dagger``'s: driven by the B = 32 model, trained with Stage I's loss at that B); returns the last
+    round's run and the data files (``files`` plus every round's) the rest of ``who``'s chain trains on."""
+    d, root = (plan.adapt_dagger, Path(plan.root)) if diffusion else (plan.dagger, Path(plan.root))
+    folder = "adapt_dagger" if diffusion else "dagger"
+    # fresh training seeds: after the plan's episodes and every earlier round's (AR rounds first)
+    first = plan.episodes + (plan.dagger.rounds * plan.dagger.episodes if diffusion and plan.dagger else 0)
     weights = [f"data.task_weights.{task}={w}" for task, w in (d.task_weights or {}).items()]
+    lr = [] if d.lr is None else [f"train.lr={d.lr}"]
+    stage = ("adapt", "tiny_adapt", [f"adapt.block_size={plan.curriculum[-1]}"]) if diffusion else \
+        ("ar", "tiny_ar", [])
+    files = list(files)
     for r in range(1, d.rounds + 1):
-        run_dir = root / who / "dagger" / f"r{r:02d}"
-        # fresh training seeds: after the plan's episodes and the earlier rounds'
-        steps.append(Step(f"{who}/dagger/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
-            f"driver=@run:{previous}", f"seed_offset={plan.episodes + (r - 1) * d.episodes}",
+        run_dir = root / who / folder / f"r{r:02d}"
+        steps.append(Step(f"{who}/{folder}/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
+            f"driver=@run:{previous}", f"seed_offset={first + (r - 1) * d.episodes}", f"episodes={d.episodes}",
             f"expert_share={d.share(r)}"]))
         files.append(run_dir / "data" / "train.json")
-        train_data = f"data.train=[{','.join(str(f) for f in files)}]"
-        lr = [] if d.lr is None else [f"train.lr={d.lr}"]
-        steps.append(Step(f"{who}/dagger/r{r:02d}", "ar", "tiny_ar", run_dir, d.steps, [
-            train_data, *base, *weights, *lr, f"model.init=@run:{previous}"]))
+        steps.append(Step(f"{who}/{folder}/r{r:02d}", stage[0], stage[1], run_dir, d.steps, [
+            _union(files), *base, *weights, *lr, f"model.init=@run:{previous}", *stage[2]]))
         previous = run_dir
-    return previous, [train_data, *base]
+    return previous, files
 
 
 def export_dagger(plan: HierarchyPlan, step: Step, driver: str, progress: bool) -> None:
-    """A DAgger round's data: ``plan.dagger.episodes`` fresh training episodes per scenario driven partly by
+    """A DAgger round's data: the round's ``episodes`` fresh training episodes per scenario driven partly by
     ``driver`` (``step.out_dir`` / train.json; written last, so an export cut short runs again)."""
     from wamdiff_ros.world.dataset import main as export
 
     setting = dict(o.split("=", 1) for o in step.overrides)
     offset, share = setting["seed_offset"], setting["expert_share"]
-    args = ["generate", "--scenarios", plan.scenarios, "--episodes", str(plan.dagger.episodes), "--split", "train",
+    args = ["generate", "--scenarios", plan.scenarios, "--episodes", setting["episodes"], "--split", "train",
             "--seed-offset", offset, "--noise-fraction", "0", "--driver", driver, "--expert-share",
             share, "--workers", str(plan.workers), "--out", str(step.out_dir), "--overwrite"]
     if export(args + ([] if progress else ["--no-progress"])) != 0:
