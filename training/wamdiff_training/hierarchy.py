@@ -187,7 +187,7 @@ def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str]
     """Appends ``who``'s DAgger rounds to ``steps`` (``plan.dagger``'s AR rounds, or with ``diffusion``
     ``plan.adapt_dagger``'s: driven by the B = 32 model, trained with Stage I's loss at that B); returns the last
     round's run and the data files (``files`` plus every round's) the rest of ``who``'s chain trains on."""
-    d, root = (plan.adapt_dagger, Path(plan.root)) if diffusion else (plan.dagger, Path(plan.root))
+    d, root = plan.adapt_dagger if diffusion else plan.dagger, Path(plan.root)
     folder = "adapt_dagger" if diffusion else "dagger"
     # fresh training seeds: after the plan's episodes and every earlier round's (AR rounds first)
     first = plan.episodes + (plan.dagger.rounds * plan.dagger.episodes if diffusion and plan.dagger else 0)
