@@ -85,8 +85,8 @@ def grid_boxes(draw: st.DrawFn) -> Box:
 
 
 @st.composite
-def mutated_answers(draw: st.DrawFn) -> str:
-    text = list(draw(answers))
+def mutated_answers(draw: st.DrawFn, base: st.SearchStrategy[str] = answers) -> str:
+    text = list(draw(base))
     for _ in range(draw(st.integers(0, 3))):
         i = draw(st.integers(0, len(text)))
         op = draw(st.sampled_from(["insert", "delete", "replace"]))
@@ -638,10 +638,13 @@ def test_version_2_grammar_every_prefix_alive_and_states_can_finish() -> None:
     assert finishing == reached
 
 
-@given(st.one_of(st.text(alphabet=GRAMMAR_ALPHABET, max_size=120), mutated_answers()))
-def test_version_2_grammar_complete_implies_fixed_width_parse(text: str) -> None:
-    if _accepts_v2(text):
-        assert waypoint_text_version(text) == 2
+fixed_width_answers = waypoint_arrays.map(lambda wp: format_any(wp, version=2))
+
+
+@given(st.one_of(st.text(alphabet=GRAMMAR_ALPHABET, max_size=120), mutated_answers(fixed_width_answers),
+                 mutated_answers()))
+def test_version_2_grammar_complete_iff_fixed_width_parse(text: str) -> None:
+    assert _accepts_v2(text) == (waypoint_text_version(text) == 2)
 
 
 def test_unknown_version_is_refused() -> None:

@@ -259,12 +259,12 @@ def reformat(args: argparse.Namespace) -> None:
             if not isinstance(turns, list) or len(turns) < 2 or record.get("task", "plan") != "plan":
                 continue
             text = turns[1].get("value") if isinstance(turns[1], dict) else None
-            if fmt.waypoint_text_version(text) is None:
+            new = fmt.reformat_waypoints(text, args.version)
+            if new is None:
                 if record.get("task") == "plan":
                     raise DatasetError(f"{path}: record {index} ({record.get('id')!r}): its plan answer does not "
                                        f"parse ({fmt.parse_waypoints(text).reason}); nothing written")
                 continue  # no task field and not waypoints: a detect / ask record
-            new = fmt.reformat_waypoints(text, args.version)
             changed += new != text
             turns[1]["value"] = new
         out = path if args.suffix is None else path.with_name(path.stem + args.suffix + path.suffix)
