@@ -342,6 +342,23 @@ def test_cli_refuses_a_changed_config_on_resume(data, reference, tmp_path, capsy
     assert "step-000004/train_state.pt: made with a different config" in err
 
 
+def test_a_field_added_later_keeps_old_fingerprints_while_it_holds_its_old_default(data, reference):
+    """``ADDED_DEFAULTS``: a run checkpointed before ``ar.in_place_weight`` existed still resumes (its fingerprint
+    is the hash of the config without that key); setting the field changes the fingerprint."""
+    import hashlib
+
+    config = from_dict(raw_config(data, reference))
+    raw = config.as_dict()
+    raw.pop("out")
+    raw["data"].pop("cache_size")
+    raw["ar"].pop("in_place_weight")
+    before = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
+    assert config.fingerprint() == before
+    changed = raw_config(data, reference)
+    changed.setdefault("ar", {})["in_place_weight"] = 0.5
+    assert from_dict(changed).fingerprint() != before
+
+
 def test_config_errors_name_the_field(data, tmp_path, capsys):
     raw = raw_config(data, tmp_path)
     raw["train"]["stpes"] = 3

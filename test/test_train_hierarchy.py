@@ -127,6 +127,24 @@ def test_per_model_sizes_ar_steps_and_training_mix(tmp_path):
     assert (vision.hidden_size, vision.depth, vision.out_hidden_size) == (96, 3, 128)
 
 
+def test_ar_in_place_weight_reaches_every_ar_run_and_no_other(tmp_path):
+    plan = {"root": str(tmp_path / "h"), "ar_in_place_weight": 0.5, "dagger": {"rounds": 2, "steps": 3},
+            "adapt_dagger": {"rounds": 1, "steps": 3}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    weights = {s.name: [o for o in s.overrides if o.startswith("ar.")] for s in plan_steps(load_plan(path))}
+    weights = {name: o for name, o in weights.items() if o}
+    assert sorted(weights) == ["student/ar", "student/dagger/r01", "student/dagger/r02",
+                               "teacher/ar", "teacher/dagger/r01", "teacher/dagger/r02"]
+    assert all(o == ["ar.in_place_weight=0.5"] for o in weights.values())
+    ar = next(s for s in plan_steps(load_plan(path)) if s.name == "student/ar")
+    assert load_config(CONFIGS / "tiny_ar.yaml", ar.overrides).ar.in_place_weight == 0.5
+    default = {"root": str(tmp_path / "g")}
+    path.write_text(yaml.safe_dump(default))
+    ar = next(s for s in plan_steps(load_plan(path)) if s.name == "student/ar")
+    assert load_config(CONFIGS / "tiny_ar.yaml", ar.overrides).ar.in_place_weight == 0.0
+
+
 def test_held_out_splits_take_their_own_episode_count(tmp_path, monkeypatch):
     import wamdiff_ros.world.dataset as dataset
 

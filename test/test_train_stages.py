@@ -179,6 +179,33 @@ def test_label_switch_scores_the_same_answer_tokens_both_ways(tiny_bundle, sampl
     assert one.shifted_loss == pytest.approx(float(losses.shifted_cross_entropy(logits, targets)), abs=1e-5)
 
 
+def test_ar_in_place_weight_adds_stage_one_b1_loss_to_the_unchanged_next_token_loss(tiny_bundle, samples):
+    """ar.in_place_weight: one forward over the B = 1 in-place layout gives the plain AR loss (its clean copy) plus
+    the weighted loss Stage I's B = 1 phase trains (every token masked: B = 1 masks a block with rate t < 1, so the
+    all-masked layout is measured against the label switch's in-place side)."""
+    from wamdiff_training.stages.ar import ArStage
+
+    def stage(weight: float) -> ArStage:
+        return ArStage(cfg.from_dict({"data": {"train": ["x.json"]}, "ar": {"in_place_weight": weight}}), tiny_bundle)
+
+    with torch.no_grad():
+        plain, plain_metrics = stage(0.0).loss(_Runner(tiny_bundle.model), samples, 0)
+        joint, metrics = stage(0.5).loss(_Runner(tiny_bundle.model), samples, 0)
+    switch = adapt.measure_label_switch(tiny_bundle.model, samples, **_ids(tiny_bundle))
+    assert metrics["next_token_loss"] == pytest.approx(float(plain), abs=1e-5)
+    assert metrics["accuracy"] == plain_metrics["accuracy"] and metrics["weight"] == plain_metrics["weight"]
+    assert metrics["in_place_loss"] == pytest.approx(switch.in_place_loss, abs=1e-5)
+    assert metrics["in_place_accuracy"] == pytest.approx(switch.in_place_accuracy)
+    assert float(joint) == pytest.approx(float(plain) + 0.5 * switch.in_place_loss, abs=1e-5)
+    model = copy.deepcopy(tiny_bundle.model)
+    loss, _ = stage(1.0).loss(_Runner(model), samples, 0)
+    loss.backward()  # the in-place term reaches the [MASK] embedding, which next-token training never sees
+    mask_grad = model.get_input_embeddings().weight.grad[tiny_bundle.mask_token_id]
+    assert float(mask_grad.abs().sum()) > 0
+    with pytest.raises(ValueError, match="in_place_weight"):
+        stage(-1.0)
+
+
 # -- Stage II: states and the teacher ----------------------------------------------------------------------------------
 
 

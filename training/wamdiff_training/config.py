@@ -28,6 +28,9 @@ PRECISIONS = ("auto", "fp32", "bf16")  # auto: bf16 autocast on GPU, fp32 on CPU
 TURNS = ("all", "first")
 # Fields that do not change the trained weights: a run may resume with them changed.
 RESUME_NEUTRAL = {"out", "data.cache_size"}
+# Fields added after runs were made, with the value that means "as before": left out of the fingerprint while they
+# hold it, so a run checkpointed before the field existed still resumes.
+ADDED_DEFAULTS = {"ar.in_place_weight": 0.0}
 
 
 class ConfigError(FieldError):
@@ -95,6 +98,11 @@ class ArSection:
     """Phase 1, autoregressive multi-task pretraining."""
 
     freeze_vision: bool = False  # train the language side only
+    # > 0: also the B = 1 in-place loss (every answer token [MASK]ed, predicted at its own position from the clean
+    # prefix) with this weight, from the same forward: the next-token logits come from the layout's clean copy,
+    # which attends exactly as the AR layout. 0 (the paper): next-token only; Stage I's B = 1 then learns the
+    # in-place head from scratch (the label switch, training/README).
+    in_place_weight: float = 0.0
 
 
 PAPER_CURRICULUM = (1, 4, 8, 16, 32)  # Stage I: B = 1 -> 4 -> 8 -> 16 -> 32
@@ -161,7 +169,8 @@ class Config:
                 if not f.metadata.get("internal")}
 
     def fingerprint(self) -> str:
-        """sha256 of every field that shapes the trained weights (all but ``RESUME_NEUTRAL``)."""
+        """sha256 of every field that shapes the trained weights (all but ``RESUME_NEUTRAL``, and the
+        ``ADDED_DEFAULTS`` that hold their old-behaviour value)."""
         raw = self.as_dict()
         for name in RESUME_NEUTRAL:
             section, _, key = name.partition(".")
@@ -169,6 +178,10 @@ class Config:
                 raw[section].pop(key, None)
             else:
                 raw.pop(section, None)
+        for name, default in ADDED_DEFAULTS.items():
+            section, _, key = name.partition(".")
+            if raw.get(section, {}).get(key) == default:
+                raw[section].pop(key)
         return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
 
 

@@ -87,6 +87,7 @@ class HierarchyPlan:
     dagger: DaggerPlan | None = None
     adapt_dagger: DaggerPlan | None = None  # rounds driven by each model's B = 32 model, after its Stage I
     ablations: bool = True  # the student's ablation runs after the main chain (see plan_steps)
+    ar_in_place_weight: float = 0.0  # ar.in_place_weight of every AR run (pretraining and DAgger rounds)
 
 
 @dataclass(slots=True)
@@ -143,7 +144,8 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
         ar_dir = root / who / "ar"
         ar_steps = m.ar_steps if m.ar_steps is not None else plan.ar_steps
         steps.append(Step(f"{who}/ar", "ar", "tiny_ar", ar_dir, ar_steps, [
-            *common, f"model.tiny.hidden={m.hidden}", f"model.tiny.layers={m.layers}", f"model.tiny.seed={m.seed}",
+            *common, f"ar.in_place_weight={plan.ar_in_place_weight}", f"model.tiny.hidden={m.hidden}",
+            f"model.tiny.layers={m.layers}", f"model.tiny.seed={m.seed}",
             f"model.tiny.vision_hidden={m.vision_hidden}", f"model.tiny.vision_depth={m.vision_depth}"]))
         previous = ar_dir
         files = [data]
@@ -194,7 +196,7 @@ def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str]
     weights = [f"data.task_weights.{task}={w}" for task, w in (d.task_weights or {}).items()]
     lr = [] if d.lr is None else [f"train.lr={d.lr}"]
     stage = ("adapt", "tiny_adapt", [f"adapt.block_size={plan.curriculum[-1]}"]) if diffusion else \
-        ("ar", "tiny_ar", [])
+        ("ar", "tiny_ar", [f"ar.in_place_weight={plan.ar_in_place_weight}"])
     files = list(files)
     for r in range(1, d.rounds + 1):
         run_dir = root / who / folder / f"r{r:02d}"

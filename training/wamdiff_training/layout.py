@@ -225,6 +225,7 @@ class LayoutLogits:
     labels: torch.Tensor  # (N,)
     lengths: tuple[int, ...]  # answer length per layout
     clean: torch.Tensor | None = None  # (N, V) at the clean copy (the answer itself for an AR layout)
+    next_token: torch.Tensor | None = None  # (N, V) row j: the logit before answer token j in prompt ⊕ clean
 
     def split(self) -> list[torch.Tensor]:
         return list(self.logits.split(self.lengths))
@@ -241,10 +242,12 @@ def position_ids(model, layout: Layout) -> torch.Tensor:
     return base[:, 0, layout.position_of.to(device)]
 
 
-def forward_layouts(model, layouts: Sequence[Layout], with_clean: bool = False, pad_id: int = 0) -> LayoutLogits:
+def forward_layouts(model, layouts: Sequence[Layout], with_clean: bool = False, pad_id: int = 0,
+                    with_next_token: bool = False) -> LayoutLogits:
     """One Qwen3-VL forward over right-padded layouts with their explicit 4-D additive masks and positions
     (padding keys hidden; a padding query sees only itself so no softmax row is empty). Gradients flow; wrap a
-    teacher in ``torch.no_grad``."""
+    teacher in ``torch.no_grad``. ``with_next_token``: also the shifted logits over ``prompt ⊕ clean`` (row j from
+    the token before answer token j); for a B = 1 layout with a causal prompt they are an AR layout's logits."""
     if not layouts:
         raise ValueError("no layouts to forward")
     if pad_id == model.config.image_token_id:
@@ -276,11 +279,16 @@ def forward_layouts(model, layouts: Sequence[Layout], with_clean: bool = False, 
     if with_clean:
         clean_cols = torch.cat([torch.arange(x.prompt_len, x.stream_len, device=device) for x in layouts])
         clean = model.lm_head(hidden[rows, clean_cols])
+    next_token = None
+    if with_next_token:
+        shifted_cols = torch.cat([torch.arange(x.prompt_len - 1, x.stream_len - 1, device=device) for x in layouts])
+        next_token = model.lm_head(hidden[rows, shifted_cols])
     return LayoutLogits(
         logits=model.lm_head(hidden[rows, scored]),
         labels=torch.cat([x.labels.to(device) for x in layouts]),
         lengths=tuple(x.answer_len for x in layouts),
         clean=clean,
+        next_token=next_token,
     )
 
 
