@@ -145,6 +145,18 @@ def test_ar_in_place_weight_reaches_every_ar_run_and_no_other(tmp_path):
     assert load_config(CONFIGS / "tiny_ar.yaml", ar.overrides).ar.in_place_weight == 0.0
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("tiny_hierarchy*.yaml")))
+def test_shipped_plans_load_and_every_step_makes_a_valid_config(name):
+    steps = plan_steps(load_plan(CONFIGS / name))
+    assert steps[-1].name.startswith("student/")
+    for step in steps:
+        if step.stage == "dagger-data":
+            continue
+        plain = [o for o in step.overrides if "=@run:" not in o]
+        config = load_config(CONFIGS / f"{step.base}.yaml", plain)
+        assert config.data.train, step.name
+
+
 def test_held_out_splits_take_their_own_episode_count(tmp_path, monkeypatch):
     import wamdiff_ros.world.dataset as dataset
 
