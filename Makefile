@@ -91,9 +91,10 @@ data: $(STAMP)
 	$(VENV)/bin/wamdiff-data generate --scenarios all --episodes 4 --split train,val --workers 2 --out $(OUT)/data --overwrite
 
 # The tiny training hierarchy (never in CI; hours on this CPU): world data -> AR teacher + student -> Stage I-III.
-# Resumable: run it again after a kill. Plan: training/configs/tiny_hierarchy.yaml.
+# Resumable: run it again after a kill. Another plan: make train-tiny PLAN=training/configs/tiny_hierarchy_v3.yaml.
+PLAN ?= training/configs/tiny_hierarchy.yaml
 train-tiny: $(STAMP)
-	$(VENV)/bin/wamdiff-train hierarchy --plan training/configs/tiny_hierarchy.yaml
+	$(VENV)/bin/wamdiff-train hierarchy --plan $(PLAN)
 
 # The hierarchy's final student -> the package's default model (wamdiff_ros/assets/wamdiff-tiny + model card).
 ship-tiny: $(STAMP)
