@@ -202,7 +202,7 @@ def test_ar_in_place_weight_adds_stage_one_b1_loss_to_the_unchanged_next_token_l
     loss.backward()  # the in-place term reaches the [MASK] embedding, which next-token training never sees
     mask_grad = model.get_input_embeddings().weight.grad[tiny_bundle.mask_token_id]
     assert float(mask_grad.abs().sum()) > 0
-    with pytest.raises(ValueError, match="in_place_weight"):
+    with pytest.raises(cfg.ConfigError, match=r"ar\.in_place_weight: must be finite and >= 0"):
         stage(-1.0)
 
 

@@ -265,6 +265,8 @@ def validate(config: Config) -> Config:
     for name in ("checkpoint_every", "keep"):
         _require(s, getattr(o, name) >= 0, f"out.{name}", f"must be >= 0, got {getattr(o, name)}")
     _require(s, o.log_every >= 1, "out.log_every", f"must be >= 1, got {o.log_every}")
+    w = config.ar.in_place_weight
+    _require(s, math.isfinite(w) and w >= 0, "ar.in_place_weight", f"must be finite and >= 0, got {w}")
     return config
 
 

@@ -30,9 +30,7 @@ class ArStage:
 
     def __init__(self, config: Config, bundle: ModelBundle) -> None:
         self.pad_id, self.mask_token_id = bundle.eos_token_id, bundle.mask_token_id
-        self.in_place_weight = float(config.ar.in_place_weight)
-        if self.in_place_weight < 0:
-            raise ValueError(f"ar.in_place_weight {self.in_place_weight} must be >= 0")
+        self.in_place_weight = float(config.ar.in_place_weight)  # validated by the config (>= 0)
         if config.ar.freeze_vision:
             bundle.model.model.visual.requires_grad_(False)
 
