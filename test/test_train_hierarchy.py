@@ -147,14 +147,17 @@ def test_ar_in_place_weight_reaches_every_ar_run_and_no_other(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("tiny_hierarchy*.yaml")))
 def test_shipped_plans_load_and_every_step_makes_a_valid_config(name):
-    steps = plan_steps(load_plan(CONFIGS / name))
+    plan = load_plan(CONFIGS / name)
+    steps = plan_steps(plan)
     assert steps[-1].name.startswith("student/")
     for step in steps:
+        assert step.out_dir.is_relative_to(plan.root), step.name
         if step.stage == "dagger-data":
             continue
         plain = [o for o in step.overrides if "=@run:" not in o]
         config = load_config(CONFIGS / f"{step.base}.yaml", plain)
-        assert config.data.train, step.name
+        assert config.train.batch_size == plan.batch_size, step.name  # the plan's settings, not the base file's
+        assert all(Path(f).is_relative_to(plan.root) for f in config.data.train), step.name
 
 
 def test_held_out_splits_take_their_own_episode_count(tmp_path, monkeypatch):
