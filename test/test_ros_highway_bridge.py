@@ -385,7 +385,10 @@ def test_closed_loop_with_the_real_planner_node_runs_30_sim_seconds(tmp_path, mo
     assert totals["frames"] >= 150 and totals["plans_applied"] >= 0.9 * totals["frames"], totals
     assert totals["distance_m"] > 100.0 and totals["progress_m"] > 50.0, totals
     # seen from outside: /clock advanced >= 30 s, the odometry moved, plans went out on the node's topic
-    assert clock and max(clock) - min(clock) >= 30.0 - 0.1
+    # (the listener may discover the bridge after its first ticks; the clock starts at CLOCK_START_NS)
+    from wamdiff_ros.ros.highway_bridge import CLOCK_START_NS
+
+    assert clock and max(clock) - CLOCK_START_NS * 1e-9 >= 30.0 - 0.1 and max(clock) - min(clock) >= 20.0, clock[:3]
     xy = np.array([o[:2] for o in odometry])
     steps = np.linalg.norm(np.diff(xy, axis=0), axis=1)
     driven = steps[steps < 5.0].sum()  # resets put the ego back to the start
