@@ -201,5 +201,22 @@ def test_behaviour_groups_and_the_constant_velocity_reference():
     groups = by_behaviour([cv, "not waypoints", turn, cv], [cv, cv, cv, cv], [turn, turn, turn, turn],
                           ["cruise", "cruise", "yield", None])
     assert list(groups) == ["cruise", "yield", "other"]
-    assert groups["cruise"] == {"plans": 2, "valid": 1, "l2_mean": 0.0, "constant_velocity_l2_mean": 2.0}
-    assert groups["yield"]["l2_mean"] == 2.0
+    assert groups["cruise"] == {"plans": 2, "valid": 1, "l2_mean": 0.0, "constant_velocity_l2_mean": 2.0,
+                                "turns": 1, "turn_shortfall_m": 0.0}  # cv ends 4 m to the left: a turn, matched
+    assert groups["yield"]["l2_mean"] == 2.0 and groups["yield"]["turn_shortfall_m"] == -2.0  # 2 m further left
+
+
+def test_turn_shortfall_is_signed_by_the_turn_and_skips_straight_and_invalid_plans():
+    from wamdiff_training.evaluation import turn_shortfall
+
+    def plan(y8: float) -> np.ndarray:
+        w = np.zeros((8, 2))
+        w[:, 0], w[:, 1] = np.arange(1, 9) * 4.0, np.linspace(0.0, y8, 8)
+        return w
+
+    # left turn 6 m, planned 2 m: 4 short; right turn -8 m, planned straight: 8 short; right turn planned 10 m
+    # right: 2 over; a straight reference (0.5 m) and an unparsed answer do not count
+    n, short = turn_shortfall([plan(2.0), plan(0.0), plan(-10.0), plan(3.0), "012.0,"],
+                              [plan(6.0), plan(-8.0), plan(-8.0), plan(0.5), plan(6.0)])
+    assert n == 3 and short == pytest.approx((4.0 + 8.0 - 2.0) / 3)
+    assert turn_shortfall([plan(0.0)], [plan(0.2)]) == (0, None)

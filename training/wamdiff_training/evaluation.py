@@ -149,10 +149,33 @@ def constant_velocity_plan(ego: EgoState) -> np.ndarray:
     return t * np.asarray(ego.velocity, dtype=np.float64)[None]
 
 
+TURN_MIN_LATERAL_M = 1.0  # a reference plan whose last waypoint is this far to one side turns
+
+
+def turn_shortfall(predicted: list, references: list[np.ndarray]) -> tuple[int, float | None]:
+    """How far short of the reference's turn the valid predictions end, sideways, at the last waypoint: over the
+    references that turn (|y8| >= TURN_MIN_LATERAL_M, y to the left), the mean of |y8| - sign(y8) * predicted y8.
+    Positive: the plans under-turn (cut the turn short or go straight); 0: as far as the expert; negative: over.
+    Returns (turning references with a valid prediction, the mean or None when there are none)."""
+    gaps = []
+    for prediction, truth in zip(predicted, references):
+        waypoints, y = _waypoints_or_none(prediction), float(np.asarray(truth)[-1, 1])
+        if waypoints is not None and abs(y) >= TURN_MIN_LATERAL_M:
+            gaps.append(abs(y) - math.copysign(1.0, y) * float(waypoints[-1, 1]))
+    return len(gaps), (float(np.mean(gaps)) if gaps else None)
+
+
+def _waypoints_or_none(prediction: str | np.ndarray) -> np.ndarray | None:
+    if isinstance(prediction, str):
+        return None  # an answer that did not parse (plan_row passes its text)
+    return np.asarray(prediction, dtype=np.float64)
+
+
 def by_behaviour(predicted: list, references: list[np.ndarray], baselines: list[np.ndarray], groups: list[str]
                  ) -> dict:
     """Mean plan L2 per expert behaviour, next to constant velocity's on the same records: whether a model uses
-    the command and the camera (a model that ignores both is no better than constant velocity at junctions)."""
+    the command and the camera (a model that ignores both is no better than constant velocity at junctions); and
+    the turn shortfall (:func:`turn_shortfall`) on the group's turning references."""
     out = {}
     for name in (*BEHAVIOURS, None):
         idx = [i for i, g in enumerate(groups) if g == name]
@@ -160,8 +183,9 @@ def by_behaviour(predicted: list, references: list[np.ndarray], baselines: list[
             continue
         model = waypoint_l2([predicted[i] for i in idx], [references[i] for i in idx])
         cv = waypoint_l2([baselines[i] for i in idx], [references[i] for i in idx])
+        turns, shortfall = turn_shortfall([predicted[i] for i in idx], [references[i] for i in idx])
         out[name or "other"] = {"plans": len(idx), "valid": model.valid, "l2_mean": model.mean,
-                                "constant_velocity_l2_mean": cv.mean}
+                                "constant_velocity_l2_mean": cv.mean, "turns": turns, "turn_shortfall_m": shortfall}
     return out
 
 
@@ -473,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
         lead = e["ask"].get("lead_distance")
         lead = "" if lead is None else (f", lead distance MAE {lead['mae_m']:.1f} m (blind {lead['blind_mae_m']:.1f}) "
                                         f"r {lead['pearson_r']:.2f}")
+        junction = (row.get("by_behaviour") or {}).get("junction") or {}
+        if junction.get("turn_shortfall_m") is not None:
+            lead += f", junction turns {junction['turn_shortfall_m']:.2f} m short at wp8 ({junction['turns']} turns)"
         print(f"{e['legend']}: plan L2 {row['l2_mean']:.3f} m (wp8 {row['l2_per_waypoint'][-1]:.3f}), invalid "
               f"{row['invalid']}/{row['plans']}, {row['forward_calls_per_token']:.3f} forwards/token, "
               f"{row['tokens_per_s']:.0f} tokens/s, token acc {e['teacher_forced']['token_accuracy']:.3f}{rho}, "

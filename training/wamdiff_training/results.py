@@ -872,11 +872,14 @@ def render_behaviours(entries: dict) -> list[str]:
         return []
     counts = {name: g["plans"] for name, g in found[0][1].items()}  # the same records for every model
     rows = [[label, *(f"{_f(groups[b]['l2_mean'])} ({_f(groups[b]['constant_velocity_l2_mean'])})"
-                      if b in groups else "–" for b in counts)] for label, groups in found]
+                      if b in groups else "–" for b in counts),
+             _f((groups.get("junction") or {}).get("turn_shortfall_m"))] for label, groups in found]
     return ["", "### Plan L2 by what the expert does (m; constant velocity on the same records in brackets)", "",
             "A model that ignores the command and the camera is no better than constant velocity at junctions, lane "
-            "changes and yields. Records per group: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + ".", "",
-            *_table(["model", *counts], rows)]
+            "changes and yields. Records per group: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + ". "
+            "Turn shortfall: over the junction references that end ≥ 1 m to one side, how far short of that sideways "
+            "offset the plan's last waypoint ends (positive: under-turns; - where not logged).", "",
+            *_table(["model", *counts, "turn shortfall (m)"], rows)]
 
 
 def render_perception(entries: dict) -> list[str]:
