@@ -220,3 +220,10 @@ def test_turn_shortfall_is_signed_by_the_turn_and_skips_straight_and_invalid_pla
                               [plan(6.0), plan(-8.0), plan(-8.0), plan(0.5), plan(6.0)])
     assert n == 3 and short == pytest.approx((4.0 + 8.0 - 2.0) / 3)
     assert turn_shortfall([plan(0.0)], [plan(0.2)]) == (0, None)
+
+
+def test_max_samples_are_spread_over_the_file():
+    from wamdiff_training.evaluation import evenly_spaced
+
+    assert evenly_spaced(list(range(10)), 3) == [0, 3, 6] and evenly_spaced(list(range(4)), None) == [0, 1, 2, 3]
+    assert evenly_spaced([1, 2], 5) == [1, 2] and evenly_spaced([], 3) == []

@@ -71,6 +71,14 @@ class Subject:
 # -- inputs -----------------------------------------------------------------------------------------------------------
 
 
+def evenly_spaced(items: list, n: int | None) -> list:
+    """At most ``n`` of ``items`` spread evenly over the list (an export is ordered by scenario and seed, so every
+    scenario is represented, not just the first episodes); all of them when ``n`` is None."""
+    if n is None or n >= len(items):
+        return list(items)
+    return [items[(i * len(items)) // n] for i in range(n)]
+
+
 def resolve_checkpoint(text: str, flag: str = "--checkpoint") -> str:
     """A checkpoint folder, a run's ``out.dir`` or a ``checkpoints/latest`` pointer (its newest checkpoint), or
     tiny-random."""
@@ -389,7 +397,7 @@ def evaluate(args: argparse.Namespace, argv: list[str]) -> dict:
     if args.closed_loop:
         _check_closed_loop(args)
     records = load_records(args.data, args.root)
-    by_task = {t: [r for r in records if r.task == t][: args.max_samples] for t in TASKS}
+    by_task = {t: evenly_spaced([r for r in records if r.task == t], args.max_samples) for t in TASKS}
     if not any(by_task.values()):
         raise EvalError(f"--data {args.data}: no {', '.join(TASKS)} records")
     teacher = load_subject(teacher_path, "teacher", args, thresholds[0], "--teacher") if teacher_path else None
@@ -457,7 +465,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None, help="image root (default: the data file's folder)")
     p.add_argument("--teacher", default=None, metavar="CKPT", help="teacher checkpoint for the top-K overlap rho_k")
     p.add_argument("--k", type=int, default=5, help="K of rho_k (default 5)")
-    p.add_argument("--max-samples", type=int, default=None, metavar="N", help="at most N records per task")
+    p.add_argument("--max-samples", type=int, default=None, metavar="N", help="at most N records per task, evenly spaced over the file")
     p.add_argument("--thresholds", default="0.9", help="confidence thresholds to sweep, e.g. 0.9,0.7,0.5 (the "
                    "first also decodes detect / ask and drives the closed loop)")
     p.add_argument("--block-size", type=int, default=None, help="decode block size of diffusion checkpoints "

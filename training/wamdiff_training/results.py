@@ -223,10 +223,9 @@ def data_subset(root: Path, work: Path, max_samples: int | None) -> dict:
     by_task: dict[str, list] = {}
     for r in records:
         by_task.setdefault(r.get("task", "?"), []).append(r)
-    chosen = []
-    for rs in by_task.values():
-        n = len(rs) if max_samples is None else min(max_samples, len(rs))
-        chosen += [rs[(i * len(rs)) // n] for i in range(n)] if n else []
+    from wamdiff_training.evaluation import evenly_spaced  # (lazy: torch)
+
+    chosen = [r for rs in by_task.values() for r in evenly_spaced(rs, max_samples)]
     work.mkdir(parents=True, exist_ok=True)
     subset = work / "test_subset.json"
     subset.write_text(json.dumps(chosen))  # image paths stay relative: --root points at the data folder
