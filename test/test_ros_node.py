@@ -124,18 +124,23 @@ def test_question_gets_one_answer(harness):
 def test_input_faster_than_inference_drops_frames_not_queues(harness):
     h = harness
     before = int(diagnostics_values(h)["dropped"])
-    dropped, n = before, 0
-    for _ in range(5):  # bursts published back to back: faster than any model plans (this one can take < 10 ms)
-        t0 = h.send_frame()  # odometry (and a frame) that every frame of the burst is within sync tolerance of
-        for i in range(1, 40):
-            h.image_pub.publish(rgb_to_image(h.image, t0 + 0.001 * i, "camera"))
-        n += 40
-        h.spin(1.0)
-        dropped = int(diagnostics_values(h)["dropped"])
-        if dropped > before:
-            break
-    assert dropped > before, (f"{n} frames in bursts, none replaced before inference took it",
-                              {k: v for k, v in diagnostics_values(h).items() if k.startswith(("skipped", "planned"))})
+    assert set_param(h, "steps", 32)  # one token per forward: ~130 forwards a plan, slower than 100 Hz on any CPU
+    try:
+        dropped, n = before, 0
+        for _ in range(3):
+            t0 = h.send_frame()  # odometry that every frame of the burst is within sync tolerance of
+            for i in range(1, 40):  # 100 Hz
+                h.image_pub.publish(rgb_to_image(h.image, t0 + 0.001 * i, "camera"))
+                h.spin(0.01)
+            n += 40
+            h.spin(1.0)
+            dropped = int(diagnostics_values(h)["dropped"])
+            if dropped > before:
+                break
+        assert dropped > before, (f"{n} frames at 100 Hz, none replaced before inference took it", {
+            k: v for k, v in diagnostics_values(h).items() if k.startswith(("frames", "skipped", "planned"))})
+    finally:
+        assert set_param(h, "steps", 4)
     assert round_trip(h)[1] is not None, str(diagnostics_values(h))
 
 
