@@ -215,8 +215,9 @@ def test_turn_shortfall_is_signed_by_the_turn_and_skips_straight_and_invalid_pla
         return w
 
     # left turn 6 m, planned 2 m: 4 short; right turn -8 m, planned straight: 8 short; right turn planned 10 m
-    # right: 2 over; a straight reference (0.5 m) and an unparsed answer do not count
-    n, short = turn_shortfall([plan(2.0), plan(0.0), plan(-10.0), plan(3.0), "012.0,"],
+    # right: 2 over (answer text counts as waypoint_l2 reads it); a straight reference (0.5 m) and an answer that
+    # does not parse do not count
+    n, short = turn_shortfall([plan(2.0), fmt.format_waypoints(plan(0.0)), plan(-10.0), plan(3.0), "012.0,"],
                               [plan(6.0), plan(-8.0), plan(-8.0), plan(0.5), plan(6.0)])
     assert n == 3 and short == pytest.approx((4.0 + 8.0 - 2.0) / 3)
     assert turn_shortfall([plan(0.0)], [plan(0.2)]) == (0, None)

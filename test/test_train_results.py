@@ -122,7 +122,8 @@ def test_open_loop_json(evaluated, fake):
             assert 0 < row["forward_calls_per_token"] <= 1 and row["tokens_per_s"] > 0
             (group, numbers), = row["by_behaviour"].items()  # the one plan record: its expert behaviour
             assert group in ("cruise", "lane_change", "yield") and numbers["plans"] == 1
-            assert numbers["constant_velocity_l2_mean"] >= 0
+            assert numbers["constant_velocity_l2_mean"] >= 0 and numbers["turns"] in (0, 1)
+            assert (numbers["turn_shortfall_m"] is None) == (numbers["turns"] == 0)
         assert 0 <= e["token_accuracy"] <= 1 and e["detection"]["records"] == 1 and e["questions"] == 1
         (question, numbers), = e["per_question"].items()  # the one ask record, by its question key
         assert question in ("lead", "lane", "left_free", "right_free", "command") and numbers["records"] == 1
@@ -204,6 +205,8 @@ def test_render_tables(rendered):
     assert re.search(r"^\| forward KL \| not run \|", text, re.M)
     behaviours = text.split("### Plan L2 by what the expert does")[1].split("###")[0]
     assert re.search(r"^\| student AR \| [\d.]+ \([\d.]+\) \|", behaviours, re.M)
+    assert "turn shortfall (m) |" in behaviours and re.search(r"^\| student AR \|.* \| (-|-?[\d.]+) \|$",
+                                                               behaviours, re.M)  # the column: a number or -
     perception = text.split("### What the camera tells the model")[1].split("###")[0]
     assert re.search(r"^\| student AR \| [\d.]+ \| - \| - \| - \|", perception, re.M)  # one question, no lead
     sweep = text.split("### Threshold sweep")[1].split("##")[0]

@@ -36,7 +36,7 @@ from wamdiff_training.data import BEHAVIOURS, Record, RecordError, behaviour_of,
 from wamdiff_training.detection import detection_metrics
 from wamdiff_training.layout import IGNORE, NEXT_TOKEN, NoiseConfig, ar_layout, diffusion_batch, forward_layouts
 from wamdiff_training.losses import masked_cross_entropy, token_accuracy
-from wamdiff_training.overlap import Overlap, ar_aligned_overlap, model_overlap, waypoint_l2
+from wamdiff_training.overlap import Overlap, ar_aligned_overlap, as_waypoints, model_overlap, waypoint_l2
 from wamdiff_training.stages.common import answer_tokens, prompt_inputs
 
 TASKS = ("plan", "detect", "ask")
@@ -167,16 +167,10 @@ def turn_shortfall(predicted: list, references: list[np.ndarray]) -> tuple[int, 
     Returns (turning references with a valid prediction, the mean or None when there are none)."""
     gaps = []
     for prediction, truth in zip(predicted, references):
-        waypoints, y = _waypoints_or_none(prediction), float(np.asarray(truth)[-1, 1])
+        waypoints, y = as_waypoints(prediction), float(np.asarray(truth)[-1, 1])  # as waypoint_l2 reads them
         if waypoints is not None and abs(y) >= TURN_MIN_LATERAL_M:
             gaps.append(abs(y) - math.copysign(1.0, y) * float(waypoints[-1, 1]))
     return len(gaps), (float(np.mean(gaps)) if gaps else None)
-
-
-def _waypoints_or_none(prediction: str | np.ndarray) -> np.ndarray | None:
-    if isinstance(prediction, str):
-        return None  # an answer that did not parse (plan_row passes its text)
-    return np.asarray(prediction, dtype=np.float64)
 
 
 def by_behaviour(predicted: list, references: list[np.ndarray], baselines: list[np.ndarray], groups: list[str]
@@ -465,7 +459,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None, help="image root (default: the data file's folder)")
     p.add_argument("--teacher", default=None, metavar="CKPT", help="teacher checkpoint for the top-K overlap rho_k")
     p.add_argument("--k", type=int, default=5, help="K of rho_k (default 5)")
-    p.add_argument("--max-samples", type=int, default=None, metavar="N", help="at most N records per task, evenly spaced over the file")
+    p.add_argument("--max-samples", type=int, default=None, metavar="N",
+                   help="at most N records per task, evenly spaced over the file")
     p.add_argument("--thresholds", default="0.9", help="confidence thresholds to sweep, e.g. 0.9,0.7,0.5 (the "
                    "first also decodes detect / ask and drives the closed loop)")
     p.add_argument("--block-size", type=int, default=None, help="decode block size of diffusion checkpoints "

@@ -92,7 +92,9 @@ class WaypointErrors:
         return float(self.per_waypoint.mean())
 
 
-def _as_waypoints(prediction: str | np.ndarray) -> np.ndarray | None:
+def as_waypoints(prediction: str | np.ndarray) -> np.ndarray | None:
+    """An (8, 2) float array from answer text or an array; None when the text does not parse or the array is not
+    finite (8, 2)."""
     if isinstance(prediction, str):
         parsed = fmt.parse_waypoints(prediction)
         return parsed.waypoints.astype(np.float64) if parsed.valid else None
@@ -112,7 +114,7 @@ def waypoint_l2(predicted: Sequence[str | np.ndarray], reference: Sequence[np.nd
         truth = np.asarray(truth, dtype=np.float64)
         if truth.shape != (fmt.NUM_WAYPOINTS, 2) or not np.isfinite(truth).all():
             raise ValueError(f"a reference must be a finite ({fmt.NUM_WAYPOINTS}, 2) array, got {truth.shape}")
-        waypoints = _as_waypoints(prediction)
+        waypoints = as_waypoints(prediction)
         if waypoints is not None:
             errors.append(np.linalg.norm(waypoints - truth, axis=1))
     valid = len(errors)
