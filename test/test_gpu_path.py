@@ -263,6 +263,14 @@ def test_generate_with_a_runner_matches_generate_without(scaled_bundle, road_ima
 
 
 # -- the benchmark and the device script ---------------------------------------------------------------------------
+def test_hf_generate_plan_times_its_first_token_within_the_same_run(tiny_bundle):
+    from wamdiff_ros.bench.gpu import hf_plan, make_prompt
+
+    for _ in range(3):  # decode time = the run's total - its first token: never negative, whatever the noise
+        t = hf_plan(tiny_bundle, make_prompt(tiny_bundle), 6)
+        assert t.vision_prefill_s > 0 and t.decode_s > 0 and t.forwards == t.decoded == 5 and len(t.tokens) == 6
+
+
 def test_gpu_bench_tiny_cpu_end_to_end(tmp_path):
     from wamdiff_ros.bench.__main__ import main
 
