@@ -501,11 +501,11 @@ def main(argv: list[str] | None = None) -> int:
         lead = "" if lead is None else (f", lead distance MAE {lead['mae_m']:.1f} m (blind {lead['blind_mae_m']:.1f}) "
                                         f"r {lead['pearson_r']:.2f}")
         junction = (row.get("by_behaviour") or {}).get("junction") or {}
-        if junction.get("turn_shortfall_m") is not None:
-            lead += f", junction turns {junction['turn_shortfall_m']:.2f} m short at wp8 ({junction['turns']} turns)"
+        turns = "" if junction.get("turn_shortfall_m") is None else (
+            f", junction turns {junction['turn_shortfall_m']:.2f} m short at wp8 ({junction['turns']} turns)")
         print(f"{e['legend']}: plan L2 {row['l2_mean']:.3f} m (wp8 {row['l2_per_waypoint'][-1]:.3f}), invalid "
               f"{row['invalid']}/{row['plans']}, {row['forward_calls_per_token']:.3f} forwards/token, "
               f"{row['tokens_per_s']:.0f} tokens/s, token acc {e['teacher_forced']['token_accuracy']:.3f}{rho}, "
-              f"question exact match {e['ask']['exact_match']:.3f}{lead}")
+              f"question exact match {e['ask']['exact_match']:.3f}{lead}{turns}")
     print("wrote " + " ".join(str(p) for p in written))
     return 0
