@@ -273,3 +273,51 @@ def test_adapt_dagger_rounds_are_driven_by_the_b32_model_and_feed_the_later_stag
     assert exported["splits"]["train"]["seeds"] == [2, 2] and exported["dagger"]["expert_share"] == 0.2
     meta = json.loads((checkpoint.resolve("latest", r1) / "wamdiff.json").read_text())
     assert (meta["prediction"], meta["trained_block_size"], meta["format_version"]) == ("in_place", 4, 2)
+
+
+def test_a_model_can_train_on_the_other_models_dagger_exports_without_driving(tmp_path, capsys):
+    plan = {"root": str(tmp_path / "h"), "scenarios": "highway", "episodes": 1, "batch_size": 2, "ar_steps": 1,
+            "checkpoint_every": 1, "curriculum": [1, 4], "adapt_steps": 1, "distill_teacher_block": 1,
+            "teacher": {"hidden": 128, "layers": 4, "dagger_from": "student", "dagger_steps": 2},
+            "dagger": {"rounds": 2, "episodes": 1, "steps": 1},
+            "adapt_dagger": {"rounds": 1, "episodes": 1, "steps": 1}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    steps = {s.name: s for s in plan_steps(load_plan(path))}
+    names = list(steps)
+    root = Path(plan["root"])
+    # the lender's chain comes first, so the borrower's rounds find their data; the borrower exports nothing
+    assert names.index("student/adapt_dagger/r01/data") < names.index("teacher/ar")
+    assert not [n for n in names if n.startswith("teacher/") and n.endswith("/data")]
+    assert [n for n in names if n.startswith("teacher/")][:4] == [
+        "teacher/ar", "teacher/dagger/r01", "teacher/dagger/r02", "teacher/adapt/b01"]
+    assert steps["teacher/dagger/r02"].steps == 2 and steps["student/dagger/r02"].steps == 1
+
+    def train_of(step: str, base: str) -> list[Path]:
+        overrides = [o for o in steps[step].overrides if "@run:" not in o]
+        return [Path(p) for p in load_config(CONFIGS / base, overrides).data.train]
+
+    lent = [root / "student" / "dagger" / f"r0{r}" / "data" / "train.json" for r in (1, 2)]
+    assert train_of("teacher/dagger/r02", "tiny_ar.yaml") == [root / "data" / "train.json", *lent]
+    assert f"model.init=@run:{root / 'teacher' / 'dagger' / 'r01'}" in steps["teacher/dagger/r02"].overrides
+    adapt_lent = root / "student" / "adapt_dagger" / "r01" / "data" / "train.json"
+    assert train_of("teacher/adapt_dagger/r01", "tiny_adapt.yaml")[-1] == adapt_lent
+    assert train_of("teacher/distill", "tiny_distill.yaml")[-1] == adapt_lent
+    # Stage III and the ablations still train on the student's own data
+    assert train_of("student/cross_scale", "tiny_cross_scale.yaml") == train_of("student/distill", "tiny_distill.yaml")
+
+    # the borrower's round before the lender's export: refused, naming the missing file
+    assert main(["hierarchy", "--plan", str(path), "--no-progress", "--only", "teacher/ar,teacher/dagger/*"]) == 2
+    assert f"its training data {lent[0]} is not exported yet" in capsys.readouterr().err
+    assert main(["hierarchy", "--plan", str(path), "--no-progress", "--only", "student/ar,student/dagger/*"]) == 0
+    assert main(["hierarchy", "--plan", str(path), "--no-progress", "--only", "teacher/ar,teacher/dagger/*"]) == 0
+    out = capsys.readouterr().out
+    assert "teacher/dagger/r02" in out and out.count("trained (0 -> 2 steps)") == 2
+    assert not (root / "teacher" / "dagger" / "r01" / "data").exists()
+
+    for teacher, student, message in (({"dagger_from": "teacher"}, {}, "the only other model is 'student'"),
+                                      ({"dagger_from": "student"}, {"dagger_from": "teacher"}, "borrows")):
+        path.write_text(yaml.safe_dump({**plan, "teacher": {"hidden": 128, "layers": 4, **teacher},
+                                        "student": {"hidden": 64, "layers": 2, **student}}))
+        with pytest.raises(ConfigError, match=message):
+            load_plan(path)

@@ -36,6 +36,10 @@ class ModelPlan:
     ar_steps: int | None = None  # this model's AR pretraining steps, when not the plan's
     vision_hidden: int = 64  # the vision tower's width and depth
     vision_depth: int = 2
+    # DAgger (both kinds) without driving: train on the other model's round exports (the states that model drives
+    # into, every label the expert's) instead of exporting rounds driven by this one; None: drive its own
+    dagger_from: str | None = None
+    dagger_steps: int | None = None  # this model's steps per DAgger round (both kinds), when not the plan's
 
 
 @dataclass(slots=True)
@@ -116,7 +120,14 @@ def load_plan(path: str | Path) -> HierarchyPlan:
                 raise ConfigError(str(path), f"{key}.{sorted(unknown)[0]}",
                                   f"unknown key; known: {', '.join(kind.__slots__)}")
             raw[key] = kind(**raw[key])
-    return HierarchyPlan(**raw)
+    plan = HierarchyPlan(**raw)
+    for who, other in (("teacher", "student"), ("student", "teacher")):
+        lender = getattr(plan, who).dagger_from
+        if lender is not None and lender != other:
+            raise ConfigError(str(path), f"{who}.dagger_from", f"{lender!r}: the only other model is {other!r}")
+        if lender is not None and getattr(plan, other).dagger_from is not None:
+            raise ConfigError(str(path), f"{who}.dagger_from", f"{other!r} borrows its DAgger data too: one must drive")
+    return plan
 
 
 def _latest(out_dir: Path) -> Path | None:
@@ -138,8 +149,11 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
     base = [f"train.batch_size={plan.batch_size}", f"out.checkpoint_every={plan.checkpoint_every}", "out.keep=2",
             *(f"data.task_weights.{task}={w}" for task, w in (plan.task_weights or {}).items())]
     steps: list[Step] = []
-    for who in ("teacher", "student"):  # after the loop, ``common`` is the student's (its data with any DAgger's)
-        common = [f"data.train=[{data}]", *base]
+    commons: dict[str, list[str]] = {}  # each model's training data (with any DAgger rounds') for the later stages
+    # a model that trains on the other's DAgger exports comes after it, so its rounds find their data exported
+    order = ("student", "teacher") if plan.teacher.dagger_from == "student" else ("teacher", "student")
+    for who in order:
+        common = commons[who] = [f"data.train=[{data}]", *base]
         m: ModelPlan = getattr(plan, who)
         ar_dir = root / who / "ar"
         ar_steps = m.ar_steps if m.ar_steps is not None else plan.ar_steps
@@ -151,7 +165,7 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
         files = [data]
         if plan.dagger is not None:
             previous, files = _dagger_steps(plan, who, previous, base, steps, files)
-            common = [_union(files), *base]
+            common = commons[who] = [_union(files), *base]
         for b, phase_steps in zip(plan.curriculum, adapt_schedule(plan, m)):
             out = root / who / "adapt" / f"b{b:02d}"
             steps.append(Step(f"{who}/adapt/b{b:02d}", "adapt", "tiny_adapt", out, phase_steps, [
@@ -159,11 +173,12 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
             previous = out
         if plan.adapt_dagger is not None:
             previous, files = _dagger_steps(plan, who, previous, base, steps, files, diffusion=True)
-            common = [_union(files), *base]
+            common = commons[who] = [_union(files), *base]
         small = root / who / "adapt" / f"b{plan.distill_teacher_block:02d}"
         steps.append(Step(f"{who}/distill", "distill", "tiny_distill", root / who / "distill", plan.distill_steps, [
             *common, f"model.init=@run:{previous}", f"distill.teacher=@run:{small}",
             f"distill.teacher_block_size={plan.distill_teacher_block}", f"distill.block_size={plan.curriculum[-1]}"]))
+    common = commons["student"]
     steps.append(Step("student/cross_scale", "cross-scale", "tiny_cross_scale", root / "student" / "cross_scale",
                       plan.cross_scale_steps, [
                           *common, f"model.init=@run:{root / 'student' / 'distill'}",
@@ -188,8 +203,11 @@ def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str]
                   files: list[Path], diffusion: bool = False) -> tuple[Path, list[Path]]:
     """Appends ``who``'s DAgger rounds to ``steps`` (``plan.dagger``'s AR rounds, or with ``diffusion``
     ``plan.adapt_dagger``'s: driven by the B = 32 model, trained with Stage I's loss at that B); returns the last
-    round's run and the data files (``files`` plus every round's) the rest of ``who``'s chain trains on."""
+    round's run and the data files (``files`` plus every round's) the rest of ``who``'s chain trains on. A model
+    with ``dagger_from`` exports nothing: its round r trains on the lender's exports of rounds 1..r."""
     d, root = plan.adapt_dagger if diffusion else plan.dagger, Path(plan.root)
+    model: ModelPlan = getattr(plan, who)
+    round_steps = model.dagger_steps if model.dagger_steps is not None else d.steps
     folder = "adapt_dagger" if diffusion else "dagger"
     # fresh training seeds: after the plan's episodes and every earlier round's (AR rounds first)
     first = plan.episodes + (plan.dagger.rounds * plan.dagger.episodes if diffusion and plan.dagger else 0)
@@ -200,11 +218,13 @@ def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str]
     files = list(files)
     for r in range(1, d.rounds + 1):
         run_dir = root / who / folder / f"r{r:02d}"
-        steps.append(Step(f"{who}/{folder}/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
-            f"driver=@run:{previous}", f"seed_offset={first + (r - 1) * d.episodes}", f"episodes={d.episodes}",
-            f"expert_share={d.share(r)}"]))
-        files.append(run_dir / "data" / "train.json")
-        steps.append(Step(f"{who}/{folder}/r{r:02d}", stage[0], stage[1], run_dir, d.steps, [
+        if model.dagger_from is None:
+            steps.append(Step(f"{who}/{folder}/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
+                f"driver=@run:{previous}", f"seed_offset={first + (r - 1) * d.episodes}", f"episodes={d.episodes}",
+                f"expert_share={d.share(r)}"]))
+        files.append((root / model.dagger_from / folder / f"r{r:02d}" if model.dagger_from else run_dir) / "data"
+                     / "train.json")
+        steps.append(Step(f"{who}/{folder}/r{r:02d}", stage[0], stage[1], run_dir, round_steps, [
             _union(files), *base, *weights, *lr, f"model.init=@run:{previous}", *stage[2]]))
         previous = run_dir
     return previous, files
@@ -330,6 +350,11 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
         if dry_run:
             report.append((step.name, f"to run ({done}/{step.steps} steps)", None))
             continue
+        for override in step.overrides:  # a DAgger export it trains on (maybe another model's) must be there
+            if override.startswith("data.train="):
+                missing = [f for f in override.partition("=")[2].strip("[]").split(",") if not Path(f).is_file()]
+                if missing:
+                    raise ConfigError("hierarchy", step.name, f"its training data {missing[0]} is not exported yet")
         overrides = [_resolve(o, planned) for o in step.overrides] + [
             f"train.steps={step.steps}", f"train.warmup={min(20, max(1, step.steps // 10))}", f"out.dir={step.out_dir}"]
         config = load_config(CONFIGS / f"{step.base}.yaml", overrides)
