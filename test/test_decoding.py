@@ -10,7 +10,7 @@ from wamdiff_ros.decoding.block import CachedBackend, decode_blocks
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.reference import FullSequenceBackend
 from wamdiff_ros.decoding.settings import DecodeSettings
-from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_top_k
+from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_prefix, unmask_top_k
 from wamdiff_ros.errors import DecodeSettingsError
 from wamdiff_ros.inputs import encode_prompt
 
@@ -81,10 +81,10 @@ def _first_divergence_is_a_near_tie(a, b) -> bool:
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 32])
-@pytest.mark.parametrize("schedule", ["threshold", "static"])
+@pytest.mark.parametrize("schedule", ["threshold", "static", "prefix"])
 def test_cached_decoder_matches_naive_reference(block_size, schedule, scaled_bundle, road_image):
     prompt = _prompt(scaled_bundle, road_image)
-    steps = block_size if schedule == "threshold" else max(1, block_size // 4)
+    steps = max(1, block_size // 4) if schedule == "static" else block_size
     settings = DecodeSettings(block_size=block_size, steps=steps, schedule=schedule, max_new_tokens=40)
     fast, slow = [], []
     cached = _cached(scaled_bundle, prompt, settings, fast)
@@ -117,9 +117,28 @@ def test_unmask_rules():
     assert unmask_confident(conf, masked, 0.99).tolist() == [True, False, False, False]
     assert unmask_top_k(conf, masked, 2).tolist() == [True, True, False, False]
     assert unmask_top_k(conf, masked, 10).tolist() == [True, True, False, True]
+    # prefix: the first masked position, then the confident masked ones up to the first unconfident one (fixed
+    # positions do not stop the run); the threshold rule would take 0 and 4 here
+    conf = torch.tensor([0.99, 0.3, 0.95, 0.2, 0.97, 0.5])
+    masked = torch.tensor([False, True, True, False, True, True])
+    assert unmask_prefix(conf, masked, 0.9).tolist() == [False, True, True, False, True, False]
+    assert unmask_prefix(conf, masked, 0.99).tolist() == [False, True, False, False, False, False]
+    assert unmask_prefix(conf, masked, torch.tensor(0.25)).tolist() == [False, True, True, False, True, True]
+    assert not unmask_prefix(conf, torch.zeros(6, dtype=torch.bool), 0.9).any()
     assert tokens_per_step(32, 4) == [8, 8, 8, 8]
     assert tokens_per_step(10, 4) == [3, 3, 2, 2]
     assert tokens_per_step(3, 8) == [1, 1, 1]
+
+
+def test_prefix_schedule_fixes_in_reading_order_and_several_tokens_in_some_step(scaled_bundle, road_image):
+    prompt = _prompt(scaled_bundle, road_image)
+    trace = []
+    settings = DecodeSettings(block_size=32, steps=32, schedule="prefix", threshold=0.5, max_new_tokens=64)
+    result = _cached(scaled_bundle, prompt, settings, trace)
+    for t in trace:  # what is fixed after each step is a prefix of the block
+        fixed = (t.block != scaled_bundle.mask_token_id).int()
+        assert fixed.tolist() == sorted(fixed.tolist(), reverse=True)
+    assert max(int(t.fixed.sum()) for t in trace) > 1 and result.forward_calls < 64
 
 
 def test_eos_stops_after_its_block(scaled_bundle, road_image):

@@ -190,7 +190,7 @@ def test_ar_engine_matches_transformers_generate(tiny_bundle, road_image):
 
 
 @pytest.mark.parametrize("block_size,steps,schedule", [(4, 4, "threshold"), (32, 8, "static"), (8, 3, "static"),
-                                                       (32, 32, "threshold")])
+                                                       (32, 32, "threshold"), (32, 32, "prefix")])
 def test_graph_runner_falls_back_to_eager_on_cpu_with_the_same_tokens(block_size, steps, schedule, scaled_bundle,
                                                                       road_image):
     b = scaled_bundle

@@ -27,6 +27,7 @@ import torch
 from wamdiff_ros import format as fmt
 from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.decoding.settings import DecodeSettings
+from wamdiff_ros.decoding.unmask import SCHEDULES
 from wamdiff_ros.errors import CheckpointError, WamDiffError
 from wamdiff_ros.model import TINY_RANDOM, ModelBundle, load
 from wamdiff_ros.planner import EgoState, Plan, Planner
@@ -131,6 +132,7 @@ def load_subject(path: str, label: str, args: argparse.Namespace, threshold: flo
         block = 1 if ar else (args.block_size or min(DecodeSettings().block_size, bundle.meta.trained_block_size))
         bundle.meta.check_block_size(block)
         settings = DecodeSettings(block_size=block, steps=args.steps or DecodeSettings().steps, threshold=threshold,
+                                  schedule=getattr(args, "schedule", None) or DecodeSettings().schedule,
                                   max_new_tokens=args.max_new_tokens)
     except WamDiffError as exc:  # CheckpointError / DecodeSettingsError: say which checkpoint
         raise EvalError(f"{flag} {path}: {exc}") from exc
@@ -466,6 +468,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None, help="decode block size of diffusion checkpoints "
                    "(default: min(32, trained))")
     p.add_argument("--steps", type=int, default=None, help="denoising steps per block at most (default 32)")
+    p.add_argument("--schedule", choices=SCHEDULES, default=None,
+                   help=f"unmask schedule of diffusion checkpoints (default {DecodeSettings().schedule})")
     p.add_argument("--max-new-tokens", type=int, default=DecodeSettings().max_new_tokens)
     p.add_argument("--batch-size", type=int, default=8, help="layouts per teacher-forced forward")
     p.add_argument("--seed", type=int, default=0, help="seed of the noisy states")

@@ -1,8 +1,8 @@
 """Block-diffusion decoding with in-place prediction over a cached prefix.
 
 Per block: B [MASK] tokens; each step forwards the block against the prefix (bidirectional inside the block)
-without committing it, predicts every position in place and fixes some masked positions (threshold or static
-schedule); the block is done when no mask is left or after T steps (leftovers take their last prediction). The
+without committing it, predicts every position in place and fixes some masked positions (threshold, static or
+prefix schedule: ``unmask.py``); the block is done when no mask is left or after T steps (leftovers take their last prediction). The
 clean block's K/V are then committed, fused into the next block's first step (one forward, exact: the clean
 tokens do not see the new block). Decoding stops after the block holding EOS; nothing is committed after the
 last block, so a block costs exactly the steps it ran.
@@ -18,7 +18,7 @@ import torch
 
 from wamdiff_ros.decoding.constraint import WaypointConstraint
 from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
-from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_top_k
+from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_prefix, unmask_top_k
 
 
 class BlockBackend(Protocol):
@@ -113,7 +113,9 @@ def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_
         else:
             logits = logits.index_fill(-1, no_mask, float("-inf"))  # [MASK] is never an answer
             p, prediction = torch.softmax(logits.float(), dim=-1).max(-1)
-        if schedule is None:
+        if settings.schedule == "prefix":
+            select = unmask_prefix(p, masked, settings.threshold)
+        elif schedule is None:
             select = unmask_confident(p, masked, settings.threshold)
         else:
             select = unmask_top_k(p, masked, schedule[min(step, len(schedule) - 1)])

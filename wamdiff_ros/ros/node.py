@@ -84,7 +84,7 @@ class PlannerNode(LifecycleNode):
         p("block_size", defaults.block_size, _descriptor("B, at most the checkpoint's trained block size", 1, 256, True))
         p("steps", defaults.steps, _descriptor("denoising steps per block, at most", 1, 256, True))
         p("threshold", defaults.threshold, _descriptor("confidence threshold", 0.01, 1.0))
-        p("schedule", defaults.schedule, _descriptor("threshold | static"))
+        p("schedule", defaults.schedule, _descriptor("threshold | static | prefix"))
         p("max_new_tokens", defaults.max_new_tokens, _descriptor("answer token budget", 80, 1024, True))
         p("constrain", defaults.constrain, _descriptor("constrain plans to the waypoint grammar"))
         p("compressed", False, _descriptor("subscribe to ~/input/image/compressed instead", read_only=True))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from wamdiff_ros.decoding.unmask import SCHEDULES
 from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, is_model
 from wamdiff_ros.world.closed_loop import (MODES, ConstantVelocityPlanner, EpisodeResult, ExpertPlanner, LoopConfig,
                                            ModelPlanner, run_episode)
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hardware-factor", type=float, default=1.0, help="real-time mode: latency multiplier")
     p.add_argument("--plan-hz", type=float, default=5.0, help="plan requests per second (one in flight)")
     p.add_argument("--threshold", type=float, default=None, help="decoder confidence threshold")
+    p.add_argument("--schedule", choices=SCHEDULES, default=None, help="decoder unmask schedule")
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     p.add_argument("--scenario-file", default=None, help="a scenario YAML instead of the frozen set")
@@ -143,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     planners = (["model"] if model else []) + baselines
     if not planners:
         parser.error("nothing to run: give --model or --baselines")
-    decode = {k: v for k, v in (("threshold", args.threshold), ("block_size", args.block_size)) if v is not None}
+    decode = {k: v for k, v in (("threshold", args.threshold), ("schedule", args.schedule),
+                                ("block_size", args.block_size)) if v is not None}
     config = {"plan_hz": args.plan_hz, "hardware_factor": args.hardware_factor}
     jobs = [Job(s.name, args.seed + i, planner, mode) for i in range(args.episodes) for s in specs
             for planner in planners for mode in modes]

@@ -15,7 +15,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step, unmask_confident, unmask_top_k
+from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step, unmask_confident, unmask_prefix, unmask_top_k
 from wamdiff_ros.inputs import PromptInputs
 from wamdiff_training.data import Sample
 from wamdiff_training.layout import Layout, NoiseConfig, diffusion_layout, forward_layouts, pad_to_blocks
@@ -99,7 +99,7 @@ class Rollout:
     is not taken (a finished block teaches nothing), so every state is one the decoder really visits."""
 
     threshold: float = 0.9
-    schedule: str = "threshold"  # or "static": tokens_per_step(B, steps) per step
+    schedule: str = "threshold"  # "static": tokens_per_step(B, steps) per step; "prefix": in reading order
     steps: int = 32  # T (sets the static schedule)
     max_steps: int = 8  # cost cap: at most this many extra no-grad forwards per training step
 
@@ -112,6 +112,8 @@ class Rollout:
     def select(self, confidence: torch.Tensor, masked: torch.Tensor, step: int) -> torch.Tensor:
         if self.schedule == "threshold":
             return unmask_confident(confidence, masked, self.threshold)
+        if self.schedule == "prefix":
+            return unmask_prefix(confidence, masked, self.threshold)
         plan = tokens_per_step(int(masked.shape[0]), self.steps)
         return unmask_top_k(confidence, masked, plan[min(step, len(plan) - 1)])
 
