@@ -51,6 +51,25 @@ def test_export_copies_inference_files_writes_the_card_and_loads(tmp_path, capsy
     assert plan.stats.block_size == 8
 
 
+def test_the_card_describes_the_plan_that_trained_the_model(tmp_path):
+    run = _run(tmp_path)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    rounds = [str(tmp_path / "h" / "student" / kind / "r01" / "data" / "train.json") for kind in ("dagger", "adapt_dagger")]
+    config["data"]["train"] += rounds
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "shipped"
+    plan = Path(export.__file__).parent.parent / "configs" / "tiny_hierarchy_v3.yaml"
+    assert train_main(["export", "--checkpoint", str(run), "--out", str(out), "--results", str(tmp_path / "none"),
+                       "--plan", str(plan)]) == 0
+    card = (out / "README.md").read_text()
+    assert f"--plan {plan}" in card and "4 DAgger rounds" in card and "4000 steps" in card
+    assert "B = 1 -> 4 -> 8 -> 16 -> 32 (this student: 300/300/300/300/1500 steps" in card
+    assert "the teacher trains on the other model's exports" in card and "Stage III" in card
+    assert "Plus 2 DAgger round exports" in card
+    assert "DAgger" not in export.stages_text(None) and "Stage III" in export.stages_text(None)
+    assert train_main(["export", "--checkpoint", str(run), "--out", str(out), "--plan", str(tmp_path / "no.yaml")]) == 2
+
+
 def test_export_refuses_what_it_cannot_ship(tmp_path, capsys, monkeypatch):
     run = _run(tmp_path)
     (run / "checkpoints" / "step-000002" / "tokenizer.json").unlink()

@@ -20,6 +20,7 @@ import yaml
 
 from wamdiff_ros.errors import CheckpointError
 from wamdiff_training import checkpoint
+from wamdiff_training.config import ConfigError
 
 INFERENCE_FILES = ("config.json", "generation_config.json", "model.safetensors", "preprocessor_config.json",
                    "tokenizer.json", "tokenizer_config.json", "wamdiff.json")
@@ -60,7 +61,42 @@ def copy_checkpoint(source: str | Path, out: Path) -> Path:
     return ckpt
 
 
-def model_card(out: Path, ckpt: Path, results: Path | None, name: str) -> str:
+def stages_text(plan_path: str | None) -> str:
+    """The card's "Stages" line: the recipe of the hierarchy plan that trained the model (its DAgger rounds and
+    step counts when ``plan_path`` is given), else the hierarchy's generic order."""
+    if plan_path is None:
+        return ("- Stages (`make train-tiny`): AR multi-task pretraining of a teacher (2x wider, 2x deeper) and of "
+                "this student -> Stage I progressive block adaptation B = 1 -> 4 -> 8 -> 16 -> 32 (both) -> Stage II "
+                "block-wise distillation (each model's B = 8 phase teaches its B = 32 phase, symmetric JSD) -> "
+                "Stage III cross-scale distillation from the teacher's B = 32 model into this student.")
+    from wamdiff_training.hierarchy import adapt_schedule, load_plan
+
+    plan = load_plan(plan_path)
+    s, t = plan.student, plan.teacher
+    ar = lambda m: m.ar_steps if m.ar_steps is not None else plan.ar_steps  # noqa: E731
+    head = " with the B = 1 in-place head trained beside it" if plan.ar_in_place_weight > 0 else ""
+    parts = [f"AR multi-task pretraining{head} of a teacher (hidden {t.hidden}, {t.layers} layers; {ar(t)} steps) "
+             f"and of this student (hidden {s.hidden}, {s.layers} layers; {ar(s)} steps)"]
+    if plan.dagger is not None:
+        d = plan.dagger
+        parts.append(f"{d.rounds} DAgger rounds (each {d.episodes} fresh episodes per scenario driven by the student, "
+                     f"the expert labelling every frame; {d.steps} more AR steps on all data so far"
+                     + (f"; the {'teacher' if s.dagger_from is None else 'student'} trains on the other model's "
+                        f"exports" if (s.dagger_from or t.dagger_from) else "") + ")")
+    curriculum = " -> ".join(str(b) for b in plan.curriculum)
+    parts.append(f"Stage I progressive block adaptation B = {curriculum} (this student: "
+                 f"{'/'.join(str(n) for n in adapt_schedule(plan, s))} steps; the teacher likewise)")
+    if plan.adapt_dagger is not None:
+        parts.append(f"{plan.adapt_dagger.rounds} DAgger round(s) driven by the B = {plan.curriculum[-1]} model "
+                     f"({plan.adapt_dagger.steps} steps at that B)")
+    parts.append(f"Stage II block-wise distillation ({plan.distill_steps} steps; each model's B = "
+                 f"{plan.distill_teacher_block} phase teaches its B = {plan.curriculum[-1]} phase, symmetric JSD)")
+    parts.append(f"Stage III cross-scale distillation from the teacher's B = {plan.curriculum[-1]} model into this "
+                 f"student ({plan.cross_scale_steps} steps)")
+    return f"- Stages (`wamdiff-train hierarchy --plan {plan_path}`): " + " -> ".join(parts) + "."
+
+
+def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str | None = None) -> str:
     from wamdiff_ros.world.camera import CameraConfig
 
     config = _run_config(ckpt)
@@ -86,10 +122,7 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str) -> str:
         f"- Decoder: block-causal masked diffusion, trained block size B = {meta['trained_block_size']} "
         f"({meta['prediction']} prediction, prompt prefilled as {meta['prompt_attention']}). Decode it at B = 32 "
         "with the threshold schedule (the package's defaults).",
-        "- Stages (`make train-tiny`, `training/configs/tiny_hierarchy.yaml`): AR multi-task pretraining of a "
-        "teacher (2x wider, 2x deeper) and of this student -> Stage I progressive block adaptation B = 1 -> 4 -> 8 "
-        "-> 16 -> 32 (both) -> Stage II block-wise distillation (each model's B = 8 phase teaches its B = 32 phase, "
-        "symmetric JSD) -> Stage III cross-scale distillation from the teacher's B = 32 model into this student.",
+        stages_text(plan),
         f"- Exported from `{ckpt}` (its run's resolved config: `{ckpt.parent.parent / 'config.yaml'}`).",
         "",
         "## Data",
@@ -101,6 +134,11 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str) -> str:
                      f"{manifest.get('split_seed_base', {}).get('train', 0)}; the privileged expert's plans, with "
                      "DAgger-lite perturbed episodes for recoveries; tasks: plan (8 waypoints), detect (2D boxes), "
                      "ask (five templated questions).")
+    rounds = [f for f in (config.get("data") or {}).get("train") or []
+              if any("dagger" in part for part in Path(f).parts[-4:-1])]
+    if rounds:
+        lines.append(f"- Plus {len(rounds)} DAgger round exports (fresh training seeds, partly driven by the model "
+                     "being trained, every frame labelled by the expert).")
     lines += [
         "",
         "## What it expects",
@@ -176,16 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the model folder to (re)write")
     p.add_argument("--results", default="training/results", help="logged results for the card's metrics")
     p.add_argument("--name", default="wamdiff-tiny")
+    p.add_argument("--plan", default=None, help="the hierarchy plan that trained it (the card's stages and steps)")
     args = p.parse_args(argv)
     out = Path(args.out)
     try:
         ckpt = copy_checkpoint(args.checkpoint, out)
         _smoke(out)
-        (out / "README.md").write_text(model_card(out, ckpt, Path(args.results), args.name))
+        (out / "README.md").write_text(model_card(out, ckpt, Path(args.results), args.name, args.plan))
         summary = eval_summary(Path(args.results))
         if summary is not None:
             (out / "eval_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    except (CheckpointError, OSError, ValueError) as exc:
+    except (CheckpointError, ConfigError, OSError, ValueError) as exc:
         print(f"wamdiff-train export: error: {exc}", file=sys.stderr)
         return 2
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
