@@ -91,14 +91,16 @@ data: $(STAMP)
 	$(VENV)/bin/wamdiff-data generate --scenarios all --episodes 4 --split train,val --workers 2 --out $(OUT)/data --overwrite
 
 # The tiny training hierarchy (never in CI; hours on this CPU): world data -> AR teacher + student -> Stage I-III.
-# Resumable: run it again after a kill. Another plan: make train-tiny PLAN=training/configs/tiny_hierarchy_v3.yaml.
-PLAN ?= training/configs/tiny_hierarchy.yaml
+# Resumable: run it again after a kill. PLAN is the shipped recipe (v3); another, e.g.
+# PLAN=training/configs/tiny_hierarchy.yaml. The targets below read the plan's root folder (its `root:` line).
+PLAN ?= training/configs/tiny_hierarchy_v3.yaml
+PLAN_ROOT = $(shell sed -n 's/^root: *\([^ #]*\).*/\1/p' $(PLAN))
 train-tiny: $(STAMP)
 	$(VENV)/bin/wamdiff-train hierarchy --plan $(PLAN)
 
 # The hierarchy's final student -> the package's default model (wamdiff_ros/assets/wamdiff-tiny + model card).
 ship-tiny: $(STAMP)
-	$(VENV)/bin/wamdiff-train export --checkpoint out/tiny_hierarchy/student/cross_scale \
+	$(VENV)/bin/wamdiff-train export --checkpoint $(PLAN_ROOT)/student/cross_scale --plan $(PLAN) \
 		--out wamdiff_ros/assets/wamdiff-tiny --results training/results
 
 # training/RESULTS.md (and training/results/l2_curve.png) from the logged JSON in training/results/: seconds.
@@ -109,7 +111,7 @@ results: $(STAMP)
 # closed-loop episodes per planner and mode into training/results/*.json (resumable: done entries are kept), then
 # RESULTS.md. Closed-loop reports and the student's videos go to $(OUT)/results (not committed).
 results-eval: $(STAMP)
-	$(VENV)/bin/wamdiff-train results evaluate --root $(OUT)/tiny_hierarchy --plan training/configs/tiny_hierarchy.yaml \
+	$(VENV)/bin/wamdiff-train results evaluate --root $(PLAN_ROOT) --plan $(PLAN) \
 		--out training/results --work $(OUT)/results
 	$(VENV)/bin/wamdiff-train results render --results training/results --out training/RESULTS.md
 

@@ -63,8 +63,8 @@ def test_the_card_describes_the_plan_that_trained_the_model(tmp_path):
                        "--plan", str(plan)]) == 0
     card = (out / "README.md").read_text()
     assert f"--plan {plan}" in card and "4 DAgger rounds" in card and "4000 steps" in card
-    assert "B = 1 -> 4 -> 8 -> 16 -> 32 (this student: 300/300/300/300/1500 steps" in card
-    assert "the teacher trains on the other model's exports" in card and "Stage III" in card
+    assert "B = 1 -> 4 -> 8 -> 16 -> 32 (this student: 300/300/300/300/1500 steps; the teacher: 150/" in card
+    assert "driven by the student (the other model trains on its exports)" in card and "Stage III" in card
     assert "Plus 2 DAgger round exports" in card
     assert "DAgger" not in export.stages_text(None) and "Stage III" in export.stages_text(None)
     assert train_main(["export", "--checkpoint", str(run), "--out", str(out), "--plan", str(tmp_path / "no.yaml")]) == 2

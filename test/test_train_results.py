@@ -369,3 +369,33 @@ def test_a_plan_that_does_not_load_is_refused(tmp_path, capsys):
     assert train_main(["results", "evaluate", "--root", str(tmp_path / "root"), "--out", str(tmp_path / "r"),
                        "--only", "runs", "--plan", str(tmp_path / "plan.yaml")]) == 2
     assert f"--plan {tmp_path / 'plan.yaml'}" in capsys.readouterr().err
+
+
+def test_planned_runs_leave_out_dagger_exports(tmp_path):
+    from wamdiff_training.hierarchy import DaggerPlan, HierarchyPlan
+
+    plan = HierarchyPlan(root=str(tmp_path / "h"), dagger=DaggerPlan(rounds=2), adapt_dagger=DaggerPlan(rounds=1))
+    planned = results.planned_steps(plan, tmp_path / "h")
+    assert "student/dagger/r02" in planned and "student/adapt_dagger/r01" in planned
+    assert not [run for run in planned if run.endswith("/data")]  # exports are data: no checkpoint to report
+
+
+def test_render_compares_the_stage_two_student_when_it_was_driven(evaluated, tmp_path, short_scenario_file, fake):
+    for name in ("open_loop", "closed_loop"):
+        shutil.copy(evaluated / f"{name}.json", tmp_path / f"{name}.json")
+    piece = _load(tmp_path, "closed_loop")
+    assert "student_stage2" not in piece["entries"] and piece["complete"] is True  # its run is absent: skipped
+    stage2 = {**json.loads(json.dumps(piece["entries"]["student"])), "run": "student/distill",
+              "label": "student after Stage II (B=32, before Stage III)"}
+    for row in [*stage2["episodes"], *stage2["groups"]]:
+        row["planner"] = "student_stage2"
+        row["ds"] = row["ds"] + 10.0  # Stage III cost ten points here
+    piece["entries"]["student_stage2"] = stage2
+    (tmp_path / "closed_loop.json").write_text(json.dumps(piece))
+    md = tmp_path / "RESULTS.md"
+    assert train_main(["results", "render", "--results", str(tmp_path), "--out", str(md)]) == 0
+    text = md.read_text()
+    assert "| student after Stage II (B=32, before Stage III) | paused | 1 |" in text
+    assert re.search(r"^\| final student − Stage II student \(what Stage III did\) \| paused \| 1 \| -10\.0 ", text,
+                     re.M)
+    assert "| Stage II student − AR model | realtime | 1 |" in text

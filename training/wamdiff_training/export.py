@@ -74,21 +74,24 @@ def stages_text(plan_path: str | None) -> str:
     plan = load_plan(plan_path)
     s, t = plan.student, plan.teacher
     ar = lambda m: m.ar_steps if m.ar_steps is not None else plan.ar_steps  # noqa: E731
-    head = " with the B = 1 in-place head trained beside it" if plan.ar_in_place_weight > 0 else ""
-    parts = [f"AR multi-task pretraining{head} of a teacher (hidden {t.hidden}, {t.layers} layers; {ar(t)} steps) "
-             f"and of this student (hidden {s.hidden}, {s.layers} layers; {ar(s)} steps)"]
+    head = ", the B = 1 in-place head trained beside the next-token one" if plan.ar_in_place_weight > 0 else ""
+    parts = [f"AR multi-task pretraining of a teacher (hidden {t.hidden}, {t.layers} layers; {ar(t)} steps) and of "
+             f"this student (hidden {s.hidden}, {s.layers} layers; {ar(s)} steps){head}"]
+    lender = "teacher" if s.dagger_from else "student"
+    borrower = " (the other model trains on its exports)" if (s.dagger_from or t.dagger_from) else ""
     if plan.dagger is not None:
         d = plan.dagger
-        parts.append(f"{d.rounds} DAgger rounds (each {d.episodes} fresh episodes per scenario driven by the student, "
-                     f"the expert labelling every frame; {d.steps} more AR steps on all data so far"
-                     + (f"; the {'teacher' if s.dagger_from is None else 'student'} trains on the other model's "
-                        f"exports" if (s.dagger_from or t.dagger_from) else "") + ")")
+        parts.append(f"{d.rounds} DAgger round{'s' if d.rounds > 1 else ''} (each {d.episodes} fresh episodes per "
+                     f"scenario driven by the {lender}{borrower}, the expert labelling every frame; {d.steps} more AR "
+                     "steps on all data so far)")
     curriculum = " -> ".join(str(b) for b in plan.curriculum)
     parts.append(f"Stage I progressive block adaptation B = {curriculum} (this student: "
-                 f"{'/'.join(str(n) for n in adapt_schedule(plan, s))} steps; the teacher likewise)")
+                 f"{'/'.join(str(n) for n in adapt_schedule(plan, s))} steps; the teacher: "
+                 f"{'/'.join(str(n) for n in adapt_schedule(plan, t))})")
     if plan.adapt_dagger is not None:
-        parts.append(f"{plan.adapt_dagger.rounds} DAgger round(s) driven by the B = {plan.curriculum[-1]} model "
-                     f"({plan.adapt_dagger.steps} steps at that B)")
+        a = plan.adapt_dagger
+        parts.append(f"{a.rounds} DAgger round{'s' if a.rounds > 1 else ''} driven by the {lender}'s B = "
+                     f"{plan.curriculum[-1]} model ({a.steps} steps at that B)")
     parts.append(f"Stage II block-wise distillation ({plan.distill_steps} steps; each model's B = "
                  f"{plan.distill_teacher_block} phase teaches its B = {plan.curriculum[-1]} phase, symmetric JSD)")
     parts.append(f"Stage III cross-scale distillation from the teacher's B = {plan.curriculum[-1]} model into this "

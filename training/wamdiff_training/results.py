@@ -78,9 +78,11 @@ OVERLAP_TEACHERS = (
 CLOSED_LOOP = (  # planner names in closed_loop.json; None: the baselines' run (--model none)
     Target("baselines", "", "expert + constant velocity"),
     Target("ar", "student/ar", "AR model (student/ar)"),
+    Target("student_stage2", "student/distill", "student after Stage II (B=32, before Stage III)"),
     Target("student", "student/cross_scale", "final student (B=32)"),
     Target("teacher_ar", "teacher/ar", "teacher AR (teacher/ar)"),
 )
+OPTIONAL_CLOSED_LOOP = ("student_stage2",)  # driven when its run exists (the Stage III comparison), else skipped
 PLANNER_LABELS = {"expert": "expert", "constant_velocity": "constant velocity",
                   **{t.key: t.label for t in CLOSED_LOOP if t.run}}
 KNOWN_RUNS = ("teacher/ar", *(f"teacher/adapt/b{b:02d}" for b in (1, *PHASES)), "teacher/distill", "student/ar",
@@ -505,15 +507,18 @@ def evaluate_closed_loop(root: Path, out: Path, work: Path, args: argparse.Names
             if piece.data["entries"].get(target.key, {}).get("status") == "ok":
                 keys.append(target.key)  # from an earlier --with-teacher run: kept
             continue
-        keys.append(target.key)
         base = {"label": target.label, "run": target.run or None}
         ckpt = why = None
         if target.run:
             ckpt, why = find_checkpoint(root, target.run)
-            if ckpt is None:
-                log.info("results: closed_loop/%s: not run (%s)", target.key, why)
-                piece.put(target.key, {**base, "status": "not run", "reason": why})
+            if ckpt is None and target.key in OPTIONAL_CLOSED_LOOP:
+                log.info("results: closed_loop/%s: skipped (%s)", target.key, why)
                 continue
+        keys.append(target.key)
+        if target.run and ckpt is None:
+            log.info("results: closed_loop/%s: not run (%s)", target.key, why)
+            piece.put(target.key, {**base, "status": "not run", "reason": why})
+            continue
         if piece.current(target.key, ckpt) is not None:
             piece.kept += 1
             log.info("results: closed_loop/%s: kept", target.key)
@@ -626,7 +631,8 @@ def planned_steps(plan, root: Path) -> dict[str, int]:
         return {}
     from wamdiff_training import hierarchy
 
-    return {str(s.out_dir.relative_to(root)): s.steps for s in hierarchy.plan_steps(plan)}
+    # DAgger exports are data, not training runs (they have no checkpoint to report)
+    return {str(s.out_dir.relative_to(root)): s.steps for s in hierarchy.plan_steps(plan) if s.stage != "dagger-data"}
 
 
 def run_info(root: Path, run: str, planned: int | None) -> dict:
@@ -1018,14 +1024,19 @@ def render_closed_loop(piece: dict | None, open_loop: dict | None) -> tuple[list
     lines += _table(["planner", "mode", "episodes", f"DS [{round(100 * LEVEL)}% CI]", "SR %", "RC", "collisions/ep",
                      "plan p50 ms", "fwd/token"], rows, "llrlrrrrr")
     lines += _reasons(piece["entries"])
-    lines += ["", f"Paired (final student − AR model) DS difference over episodes matched by (scenario, seed), "
-              f"bootstrap {round(100 * LEVEL)} % CI:", ""]
+    lines += ["", f"Paired DS differences over episodes matched by (scenario, seed), bootstrap {round(100 * LEVEL)} % "
+              "CI (the Stage II student is the same student before Stage III):", ""]
     prow = []
-    for mode in s["modes"]:
-        p = paired(episodes, "student", "ar", mode)
-        prow.append([mode, "-", "not run"] if p is None else
-                    [mode, p["episodes"], f"{_f(p['diff'], 1)} [{_f(p['lo'], 1)}, {_f(p['hi'], 1)}]"])
-    lines += _table(["mode", "paired episodes", "DS student − AR [CI]"], prow, "lrl")
+    for a, b, what in (("student", "ar", "final student − AR model"),
+                       ("student_stage2", "ar", "Stage II student − AR model"),
+                       ("student", "student_stage2", "final student − Stage II student (what Stage III did)")):
+        for mode in s["modes"]:
+            p = paired(episodes, a, b, mode)
+            if p is not None:
+                prow.append([what, mode, p["episodes"], f"{_f(p['diff'], 1)} [{_f(p['lo'], 1)}, {_f(p['hi'], 1)}]"])
+            elif a == "student" and b == "ar":
+                prow.append([what, mode, "-", "not run"])
+    lines += _table(["pair", "mode", "paired episodes", "DS difference [CI]"], prow, "llrl")
     videos = (piece["entries"].get("student") or {}).get("videos")
     if videos:
         lines += ["", "Videos of the final student (paused, not committed): " + ", ".join(f"`{v}`" for v in videos)]
