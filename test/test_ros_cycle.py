@@ -101,3 +101,12 @@ def test_fallback_follows_the_last_valid_path():
     np.testing.assert_allclose(still, 0.0)
     nan_speed = fallback_stop(float("nan"), None, (0.0, 0.0, 0.0))
     np.testing.assert_allclose(nan_speed, 0.0)
+
+
+def test_fallback_never_reverses_along_a_path_that_steps_back():
+    # a noisy plan: waypoint 3 lies behind waypoint 2 (a trained tiny model's digits can do that)
+    path = np.array([[4.0, 0.0], [9.0, 0.5], [6.0, 0.2], [14.0, 1.0], [19.0, 1.5], [17.0, 1.4], [25.0, 2.0],
+                     [30.0, 2.5]])
+    wp = fallback_stop(10.0, path, (0.0, 0.0, 0.0), decel=2.0)
+    assert np.all(np.diff(wp[:, 0]) >= -1e-6) and wp[-1, 0] > 20.0  # forward only, and it still follows the path
+    assert np.all(np.abs(wp[:, 1] - np.interp(wp[:, 0], [0, 4, 9, 14, 19, 25, 30], [0, 0, .5, 1, 1.5, 2, 2.5])) < 0.1)

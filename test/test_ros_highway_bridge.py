@@ -345,8 +345,8 @@ def test_closed_loop_launch_wires_the_planner_to_the_bridge():
 @pytest.mark.ros
 @pytest.mark.timeout(600)
 def test_closed_loop_with_the_real_planner_node_runs_30_sim_seconds(tmp_path, monkeypatch):
-    """Sync mode, camera 5 Hz (the tiny model plans in ~0.1 s on one core). The tiny model's random weights drive
-    off the road within seconds, so the bridge resets to the next seed (episodes: 0) until 30 s are simulated."""
+    """Sync mode, camera 5 Hz (the tiny model plans in ~0.1 s on one core). Whenever an episode ends (the shipped
+    tiny model may leave the route), the bridge resets to the next seed (episodes: 0) until 30 s are simulated."""
     monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     env = {**os.environ, "ROS_DOMAIN_ID": str(DOMAIN_ID), "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
     ctx = rclpy.Context()
@@ -356,7 +356,8 @@ def test_closed_loop_with_the_real_planner_node_runs_30_sim_seconds(tmp_path, mo
     listener.create_subscription(Clock, "/clock", lambda m: clock.append(bm.stamp_ns(m.clock) * 1e-9), 10)
     listener.create_subscription(Odometry, "/odom", lambda m: odometry.append(
         (m.pose.pose.position.x, m.pose.pose.position.y, m.twist.twist.linear.x)), 50)
-    listener.create_subscription(PlannerOutput, "/wamdiff_planner/output/plan", lambda m: plans.append(m.valid), 10)
+    listener.create_subscription(PlannerOutput, "/wamdiff_planner/output/plan",
+                                 lambda m: plans.append(bm.stamp_ns(m.header.stamp) * 1e-9), 10)
     executor = SingleThreadedExecutor(context=ctx)
     executor.add_node(listener)
     out = tmp_path / "run"
@@ -393,7 +394,10 @@ def test_closed_loop_with_the_real_planner_node_runs_30_sim_seconds(tmp_path, mo
     steps = np.linalg.norm(np.diff(xy, axis=0), axis=1)
     driven = steps[steps < 5.0].sum()  # resets put the ego back to the start
     assert driven > 100.0 and sum(o[2] > 1.0 for o in odometry) > 0.5 * len(odometry)
-    assert len(plans) >= 0.9 * totals["frames"]
+    # every frame's plan from the first one the listener heard (under load it may discover the node seconds late):
+    # frames at 5 Hz of sim time between the first and the last plan stamp it saw
+    span = max(plans) - min(plans)
+    assert span >= 20.0 and len(plans) >= 0.9 * (5.0 * span + 1), (len(plans), span)
     print(f"\nclosed loop: {totals['sim_s']:.1f} s sim in {totals['wall_s']:.1f} s bridge wall ({wall:.1f} s with "
           f"start-up); {totals['episodes']} episodes, {totals['frames']} frames, {totals['plans_applied']} plans "
           f"applied, {totals['sync_timeouts']} sync timeouts; {totals['distance_m']:.0f} m driven, route progress "

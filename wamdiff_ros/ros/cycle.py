@@ -131,7 +131,9 @@ def fallback_stop(
     speed: float, last_path_odom: np.ndarray | None, pose: tuple[float, float, float], decel: float = 2.0
 ) -> np.ndarray:
     """A comfortable stop: 8 ego-frame waypoints that brake at ``decel`` m/s^2 from ``speed`` along the last valid
-    path (straight ahead without one), at rest from the stopping point on (if the 4 s horizon reaches it)."""
+    path (straight ahead without one), at rest from the stopping point on (if the 4 s horizon reaches it). Only the
+    path's points that lie further ahead than every earlier one are followed, so a plan whose waypoints step back
+    (a trained model's noisy plan can) still gives a stop that never reverses."""
     speed = max(0.0, float(speed)) if np.isfinite(speed) else 0.0
     t = fmt.WAYPOINT_DT_S * np.arange(1, fmt.NUM_WAYPOINTS + 1)
     t_stop = speed / decel
@@ -139,7 +141,7 @@ def fallback_stop(
     polyline = np.zeros((1, 2))
     if last_path_odom is not None and np.isfinite(last_path_odom).all():
         ahead = to_ego(last_path_odom, pose)
-        ahead = ahead[ahead[:, 0] > 0.0]
+        ahead = ahead[ahead[:, 0] > np.maximum.accumulate(np.concatenate([[0.0], ahead[:-1, 0]]))]
         polyline = np.concatenate([polyline, ahead])
     if len(polyline) == 1:
         polyline = np.array([[0.0, 0.0], [1.0, 0.0]])
