@@ -54,7 +54,8 @@ def test_export_copies_inference_files_writes_the_card_and_loads(tmp_path, capsy
 def test_the_card_describes_the_plan_that_trained_the_model(tmp_path):
     run = _run(tmp_path)
     config = yaml.safe_load((run / "config.yaml").read_text())
-    rounds = [str(tmp_path / "h" / "student" / kind / "r01" / "data" / "train.json") for kind in ("dagger", "adapt_dagger")]
+    rounds = [str(tmp_path / "h" / "student" / kind / "r01" / "data" / "train.json")
+              for kind in ("dagger", "adapt_dagger")]
     config["data"]["train"] += rounds
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "shipped"

@@ -2,10 +2,10 @@
 
 Per block: B [MASK] tokens; each step forwards the block against the prefix (bidirectional inside the block)
 without committing it, predicts every position in place and fixes some masked positions (threshold, static or
-prefix schedule: ``unmask.py``); the block is done when no mask is left or after T steps (leftovers take their last prediction). The
-clean block's K/V are then committed, fused into the next block's first step (one forward, exact: the clean
-tokens do not see the new block). Decoding stops after the block holding EOS; nothing is committed after the
-last block, so a block costs exactly the steps it ran.
+prefix schedule: ``unmask.py``); the block is done when no mask is left or after T steps (leftovers take their
+last prediction). The clean block's K/V are then committed, fused into the next block's first step (one forward,
+exact: the clean tokens do not see the new block). Decoding stops after the block holding EOS; nothing is committed
+after the last block, so a block costs exactly the steps it ran.
 """
 
 from __future__ import annotations

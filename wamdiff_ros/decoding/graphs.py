@@ -10,8 +10,8 @@ in place, so a whole answer is N replays with no host work in between.
 
 Same decisions as ``block.decode_blocks`` / ``ar.decode_ar`` (unconstrained): the static schedule's top-k is taken
 as "fewer than k masked positions rank above" (ties: lower index first), the threshold rule is ``unmask.py``'s
-effective-threshold rule and the prefix rule ``unmask.unmask_prefix``. Shapes that were not captured (a short last block), and everything on a machine without
-CUDA, run the very same step functions eagerly.
+effective-threshold rule, the prefix rule ``unmask.unmask_prefix``. Shapes that were not captured (a short last
+block), and everything on a machine without CUDA, run the very same step functions eagerly.
 """
 
 from __future__ import annotations
