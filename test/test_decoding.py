@@ -10,7 +10,7 @@ from wamdiff_ros.decoding.block import CachedBackend, decode_blocks
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.reference import FullSequenceBackend
 from wamdiff_ros.decoding.settings import DecodeSettings
-from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_prefix, unmask_top_k
+from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_prefix, unmask_step, unmask_top_k
 from wamdiff_ros.errors import DecodeSettingsError
 from wamdiff_ros.inputs import encode_prompt
 
@@ -125,6 +125,11 @@ def test_unmask_rules():
     assert unmask_prefix(conf, masked, 0.99).tolist() == [False, True, False, False, False, False]
     assert unmask_prefix(conf, masked, torch.tensor(0.25)).tolist() == [False, True, True, False, True, True]
     assert not unmask_prefix(conf, torch.zeros(6, dtype=torch.bool), 0.9).any()
+    # one dispatch for the decoder and the training rollouts: static takes its step's count of tokens_per_step
+    assert unmask_step("prefix", conf, masked, 0.9, 0, 6).tolist() == unmask_prefix(conf, masked, 0.9).tolist()
+    assert unmask_step("threshold", conf, masked, 0.9, 0, 6).tolist() == [False, False, True, False, True, False]
+    assert unmask_step("static", conf, masked, 0.9, 0, 2).tolist() == unmask_top_k(conf, masked, 3).tolist()
+    assert unmask_step("static", conf, masked, 0.9, 5, 2).sum() == 3  # past T: the last step's count
     assert tokens_per_step(32, 4) == [8, 8, 8, 8]
     assert tokens_per_step(10, 4) == [3, 3, 2, 2]
     assert tokens_per_step(3, 8) == [1, 1, 1]

@@ -132,7 +132,7 @@ def load_subject(path: str, label: str, args: argparse.Namespace, threshold: flo
         block = 1 if ar else (args.block_size or min(DecodeSettings().block_size, bundle.meta.trained_block_size))
         bundle.meta.check_block_size(block)
         settings = DecodeSettings(block_size=block, steps=args.steps or DecodeSettings().steps, threshold=threshold,
-                                  schedule=getattr(args, "schedule", None) or DecodeSettings().schedule,
+                                  schedule=args.schedule or DecodeSettings().schedule,
                                   max_new_tokens=args.max_new_tokens)
     except WamDiffError as exc:  # CheckpointError / DecodeSettingsError: say which checkpoint
         raise EvalError(f"{flag} {path}: {exc}") from exc

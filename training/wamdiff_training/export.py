@@ -73,10 +73,9 @@ def stages_text(plan_path: str | None) -> str:
 
     plan = load_plan(plan_path)
     s, t = plan.student, plan.teacher
-    ar = lambda m: m.ar_steps if m.ar_steps is not None else plan.ar_steps  # noqa: E731
     head = ", the B = 1 in-place head trained beside the next-token one" if plan.ar_in_place_weight > 0 else ""
-    parts = [f"AR multi-task pretraining of a teacher (hidden {t.hidden}, {t.layers} layers; {ar(t)} steps) and of "
-             f"this student (hidden {s.hidden}, {s.layers} layers; {ar(s)} steps){head}"]
+    parts = [f"AR multi-task pretraining of a teacher (hidden {t.hidden}, {t.layers} layers; {_ar_steps(plan, t)} steps) and of "
+             f"this student (hidden {s.hidden}, {s.layers} layers; {_ar_steps(plan, s)} steps){head}"]
     lender = "teacher" if s.dagger_from else "student"
     borrower = " (the other model trains on its exports)" if (s.dagger_from or t.dagger_from) else ""
     if plan.dagger is not None:
@@ -97,6 +96,10 @@ def stages_text(plan_path: str | None) -> str:
     parts.append(f"Stage III cross-scale distillation from the teacher's B = {plan.curriculum[-1]} model into this "
                  f"student ({plan.cross_scale_steps} steps)")
     return f"- Stages (`wamdiff-train hierarchy --plan {plan_path}`): " + " -> ".join(parts) + "."
+
+
+def _ar_steps(plan, model) -> int:
+    return model.ar_steps if model.ar_steps is not None else plan.ar_steps
 
 
 def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str | None = None) -> str:

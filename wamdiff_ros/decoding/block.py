@@ -18,7 +18,7 @@ import torch
 
 from wamdiff_ros.decoding.constraint import WaypointConstraint
 from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
-from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_prefix, unmask_top_k
+from wamdiff_ros.decoding.unmask import unmask_step
 
 
 class BlockBackend(Protocol):
@@ -99,7 +99,6 @@ def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_
     block = torch.full((n,), mask_id, dtype=torch.long, device=backend.device)
     masked = torch.ones(n, dtype=torch.bool, device=block.device)
     conf = torch.zeros(n, dtype=torch.float32, device=block.device)
-    schedule = tokens_per_step(n, settings.steps) if settings.schedule == "static" else None
     no_mask = torch.tensor([mask_id], device=block.device)
     step = 0
     prediction = block
@@ -113,12 +112,7 @@ def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_
         else:
             logits = logits.index_fill(-1, no_mask, float("-inf"))  # [MASK] is never an answer
             p, prediction = torch.softmax(logits.float(), dim=-1).max(-1)
-        if settings.schedule == "prefix":
-            select = unmask_prefix(p, masked, settings.threshold)
-        elif schedule is None:
-            select = unmask_confident(p, masked, settings.threshold)
-        else:
-            select = unmask_top_k(p, masked, schedule[min(step, len(schedule) - 1)])
+        select = unmask_step(settings.schedule, p, masked, settings.threshold, step, settings.steps)
         if view is not None:
             select, after = view.choose(select)
         block = torch.where(select, prediction, block)

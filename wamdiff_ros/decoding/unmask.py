@@ -47,3 +47,15 @@ def unmask_top_k(confidence: torch.Tensor, masked: torch.Tensor, k: int) -> torc
     if k > 0:
         chosen[conf.topk(k).indices] = True
     return chosen & masked
+
+
+def unmask_step(schedule: str, confidence: torch.Tensor, masked: torch.Tensor, threshold: float, step: int,
+                steps: int) -> torch.Tensor:
+    """The positions ``schedule`` fixes at denoising ``step`` of a block (``steps``: T, which sets the static
+    schedule's count per step): the one dispatch the eager decoder and the training rollouts share."""
+    if schedule == "threshold":
+        return unmask_confident(confidence, masked, threshold)
+    if schedule == "prefix":
+        return unmask_prefix(confidence, masked, threshold)
+    counts = tokens_per_step(int(masked.shape[0]), steps)
+    return unmask_top_k(confidence, masked, counts[min(step, len(counts) - 1)])

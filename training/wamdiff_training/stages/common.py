@@ -15,7 +15,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step, unmask_confident, unmask_prefix, unmask_top_k
+from wamdiff_ros.decoding.unmask import SCHEDULES, unmask_step
 from wamdiff_ros.inputs import PromptInputs
 from wamdiff_training.data import Sample
 from wamdiff_training.layout import Layout, NoiseConfig, diffusion_layout, forward_layouts, pad_to_blocks
@@ -110,12 +110,7 @@ class Rollout:
             raise ValueError(f"bad rollout settings {self}")
 
     def select(self, confidence: torch.Tensor, masked: torch.Tensor, step: int) -> torch.Tensor:
-        if self.schedule == "threshold":
-            return unmask_confident(confidence, masked, self.threshold)
-        if self.schedule == "prefix":
-            return unmask_prefix(confidence, masked, self.threshold)
-        plan = tokens_per_step(int(masked.shape[0]), self.steps)
-        return unmask_top_k(confidence, masked, plan[min(step, len(plan) - 1)])
+        return unmask_step(self.schedule, confidence, masked, self.threshold, step, self.steps)
 
 
 @torch.no_grad()
