@@ -1,10 +1,12 @@
 """``wamdiff-eval closed-loop``: the model and the baselines (expert, constant velocity) on the frozen scenarios, in
 parallel worker processes (one torch thread each), scored as Bench2Drive does; writes a JSON report, a markdown
-table, bird's-eye plots and front-camera videos."""
+table, bird's-eye plots and front-camera videos. ``wamdiff-eval lane-probe``: does the model's plan follow its pose
+in the lane (``wamdiff_ros.world.lane_probe``)."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -99,9 +101,62 @@ def write_video(result: EpisodeResult, path: Path, camera, fps: float) -> Path:
     return path
 
 
+def lane_probe_main(args, parser) -> int:
+    import torch
+
+    from wamdiff_ros.planner import Planner
+    from wamdiff_ros.world import lane_probe
+
+    if not is_model(args.model):
+        parser.error(f"--model: {args.model!r} is not a checkpoint folder")
+    if args.vision < 0:
+        parser.error("--vision must be >= 0")
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    decode = {k: v for k, v in (("threshold", args.threshold), ("schedule", args.schedule),
+                                ("block_size", args.block_size)) if v is not None}
+    planner = Planner.from_pretrained(args.model, **decode)
+    cases = lane_probe.cases()
+    with tqdm(total=len(cases), desc="lane probe", unit="case", disable=args.no_progress, file=sys.stderr) as bar:
+        rows = lane_probe.probe(ModelPlanner(planner), cases, progress=bar.update)
+    summary = lane_probe.summarize(rows)
+    report = {"model": args.model, "waypoint": lane_probe.WAYPOINT, "decode": decode, "summary": summary,
+              "rows": [r.to_json() for r in rows]}
+    if args.vision:
+        report["vision"] = lane_probe.vision_probe(planner.bundle, lane_probe.random_cases(args.vision))
+    poses = {(r.case.offset_m, r.case.heading_rad) for r in rows}
+    print(f"lane probe of {args.model}: sideways waypoint {lane_probe.WAYPOINT} (2 s), m, ego frame (y left); "
+          f"model y: mean over {len(rows) // max(1, len(poses))} placements (lanes x shifts along the road)")
+    print("| offset (m) | heading (rad) | expert y | model y |\n|---:|---:|---:|---:|")
+    for (o, h), group in itertools.groupby(sorted(rows, key=lambda r: (r.case.offset_m, r.case.heading_rad)),
+                                           key=lambda r: (r.case.offset_m, r.case.heading_rad)):
+        group = list(group)
+        ys = [r.planner_y for r in group if r.planner_y is not None]
+        model_y = f"{sum(ys) / len(ys):.2f}" if ys else "invalid"
+        print(f"| {o:+.2f} | {h:+.2f} | {group[0].expert_y:.2f} | {model_y} |")
+    print("summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+    if args.vision:
+        v = report["vision"]
+        print(f"vision features -> pose (ridge, {v['held_out']} held-out of {v['frames']} frames): "
+              f"offset R2 {v['offset_r2']}, heading R2 {v['heading_r2']}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        print(f"report: {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wamdiff-eval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    lp = sub.add_parser("lane-probe", help="does the plan follow the ego's offset and heading in its lane")
+    lp.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    lp.add_argument("--threshold", type=float, default=None, help="decoder confidence threshold")
+    lp.add_argument("--schedule", choices=SCHEDULES, default=None, help="decoder unmask schedule")
+    lp.add_argument("--block-size", type=int, default=None)
+    lp.add_argument("--vision", type=int, default=0, metavar="N",
+                    help="also fit a ridge probe from the vision features to the pose on N random frames (e.g. 600)")
+    lp.add_argument("--json", default=None, metavar="OUT", help="write the rows and summary here")
+    lp.add_argument("--no-progress", action="store_true")
     p = sub.add_parser("closed-loop", help="closed-loop driving score on the frozen CPU world")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP}, or none for the baselines only")
     p.add_argument("--scenarios", default="all", help="comma-separated names or all")
@@ -123,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                    "scenarios (the model, else the expert; paused mode)")
     p.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    if args.command == "lane-probe":
+        return lane_probe_main(args, parser)
 
     try:
         scenario_set = load_scenarios(args.scenario_file)
