@@ -66,7 +66,8 @@ class _Mirror:
         self.calls += 1
         assert obs.frame is not None and obs.frame.image.shape[-1] == 3
         wp = self.expert.plan(obs).waypoints * np.array([1.0, -1.0])
-        return PlanResult(wp.astype(np.float32), valid=not (self.invalid_every and self.calls % self.invalid_every == 0))
+        invalid = bool(self.invalid_every) and self.calls % self.invalid_every == 0
+        return PlanResult(wp.astype(np.float32), valid=not invalid)
 
 
 def test_summary_of_a_wrong_way_planner_and_invalid_answers():
