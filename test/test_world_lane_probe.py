@@ -123,5 +123,6 @@ def test_cli_writes_rows_and_summary(tmp_path, capsys, monkeypatch):
 def test_cli_argument_errors(tmp_path):
     with pytest.raises(SystemExit):
         main(["lane-probe", "--model", str(tmp_path / "missing")])
-    with pytest.raises(SystemExit):
-        main(["lane-probe", "--model", "tiny-random", "--vision", "-1"])
+    for bad in ("-1", "5"):
+        with pytest.raises(SystemExit):
+            main(["lane-probe", "--model", "tiny-random", "--vision", bad])

@@ -109,8 +109,8 @@ def lane_probe_main(args, parser) -> int:
 
     if not is_model(args.model):
         parser.error(f"--model: {args.model!r} is not a checkpoint folder")
-    if args.vision < 0:
-        parser.error("--vision must be >= 0")
+    if args.vision < 0 or 0 < args.vision < 20:
+        parser.error(f"--vision: 0 (off) or at least 20 frames to fit and hold out, got {args.vision}")
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     decode = {k: v for k, v in (("threshold", args.threshold), ("schedule", args.schedule),
                                 ("block_size", args.block_size)) if v is not None}
