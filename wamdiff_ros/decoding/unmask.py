@@ -35,8 +35,14 @@ def unmask_prefix(confidence: torch.Tensor, masked: torch.Tensor, threshold: flo
 def tokens_per_step(block_len: int, steps: int) -> list[int]:
     """Static schedule: spread ``block_len`` tokens over ``steps`` steps, earlier steps take the remainder."""
     steps = max(1, min(steps, block_len))
+    return [tokens_at_step(block_len, steps, i) for i in range(steps)]
+
+
+def tokens_at_step(block_len: int, steps: int, step: int) -> int:
+    """``tokens_per_step(block_len, steps)[step]`` without building the list; steps past the last take its count."""
+    steps = max(1, min(steps, block_len))
     base, extra = divmod(block_len, steps)
-    return [base + (1 if i < extra else 0) for i in range(steps)]
+    return base + (1 if min(step, steps - 1) < extra else 0)
 
 
 def unmask_top_k(confidence: torch.Tensor, masked: torch.Tensor, k: int) -> torch.Tensor:
@@ -57,5 +63,4 @@ def unmask_step(schedule: str, confidence: torch.Tensor, masked: torch.Tensor, t
         return unmask_confident(confidence, masked, threshold)
     if schedule == "prefix":
         return unmask_prefix(confidence, masked, threshold)
-    counts = tokens_per_step(int(masked.shape[0]), steps)
-    return unmask_top_k(confidence, masked, counts[min(step, len(counts) - 1)])
+    return unmask_top_k(confidence, masked, tokens_at_step(int(masked.shape[0]), steps, step))
