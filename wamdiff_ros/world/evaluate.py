@@ -101,6 +101,12 @@ def write_video(result: EpisodeResult, path: Path, camera, fps: float) -> Path:
     return path
 
 
+def _decode_overrides(args) -> dict:
+    """The decode settings given on the command line (the rest take the planner's defaults)."""
+    return {k: v for k, v in (("threshold", args.threshold), ("schedule", args.schedule),
+                              ("block_size", args.block_size)) if v is not None}
+
+
 def lane_probe_main(args, parser) -> int:
     import torch
 
@@ -112,8 +118,7 @@ def lane_probe_main(args, parser) -> int:
     if args.vision < 0 or 0 < args.vision < 20:
         parser.error(f"--vision: 0 (off) or at least 20 frames to fit and hold out, got {args.vision}")
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    decode = {k: v for k, v in (("threshold", args.threshold), ("schedule", args.schedule),
-                                ("block_size", args.block_size)) if v is not None}
+    decode = _decode_overrides(args)
     planner = Planner.from_pretrained(args.model, **decode)
     cases = lane_probe.cases()
     with tqdm(total=len(cases), desc="lane probe", unit="case", disable=args.no_progress, file=sys.stderr) as bar:
@@ -202,8 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     planners = (["model"] if model else []) + baselines
     if not planners:
         parser.error("nothing to run: give --model or --baselines")
-    decode = {k: v for k, v in (("threshold", args.threshold), ("schedule", args.schedule),
-                                ("block_size", args.block_size)) if v is not None}
+    decode = _decode_overrides(args)
     config = {"plan_hz": args.plan_hz, "hardware_factor": args.hardware_factor}
     jobs = [Job(s.name, args.seed + i, planner, mode) for i in range(args.episodes) for s in specs
             for planner in planners for mode in modes]
