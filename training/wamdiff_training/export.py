@@ -74,8 +74,8 @@ def stages_text(plan_path: str | None) -> str:
     plan = load_plan(plan_path)
     s, t = plan.student, plan.teacher
     head = ", the B = 1 in-place head trained beside the next-token one" if plan.ar_in_place_weight > 0 else ""
-    parts = [f"AR multi-task pretraining of a teacher (hidden {t.hidden}, {t.layers} layers; {_ar_steps(plan, t)} steps) and of "
-             f"this student (hidden {s.hidden}, {s.layers} layers; {_ar_steps(plan, s)} steps){head}"]
+    parts = [f"AR multi-task pretraining of a teacher (hidden {t.hidden}, {t.layers} layers; {_ar_steps(plan, t)} "
+             f"steps) and of this student (hidden {s.hidden}, {s.layers} layers; {_ar_steps(plan, s)} steps){head}"]
     lender = "teacher" if s.dagger_from else "student"
     borrower = " (the other model trains on its exports)" if (s.dagger_from or t.dagger_from) else ""
     if plan.dagger is not None:
