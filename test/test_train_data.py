@@ -263,6 +263,10 @@ def test_behaviour_and_question_groups_take_their_share_out_of_their_task():
     groups = [mix_group(r, weights) for r in records]
     assert groups == ["plan"] * 6 + ["plan/lane_change"] * 2 + ["plan/junction"] * 2 + ["plan"] + ["detect"] * 3
     assert mix_group(record("plan", "yield"), weights) == "plan"  # no weight of its own: the plan task's share
+    recovery = Record("rec", Path("x.png"), "", "", "plan", {"expert": "free", "command": "follow",
+                                                             "recovery": {"offset_m": 0.5, "heading_rad": 0.01}})
+    assert mix_group(recovery, weights) == "plan"  # wamdiff-data recoveries frames: their own group when weighted
+    assert mix_group(recovery, {**weights, "plan/recovery": 1.0}) == "plan/recovery"
     sampler = TaskMixSampler(groups, TaskMix(weights), batch_size=9, seed=0, epoch_size=900)
     drawn = Counter(groups[i] for batch in sampler for i in batch)
     assert drawn == {"plan": 200, "plan/lane_change": 200, "plan/junction": 400, "detect": 100}

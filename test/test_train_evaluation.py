@@ -194,6 +194,9 @@ def test_behaviour_groups_and_the_constant_velocity_reference():
     assert behaviour_of({"expert": "lane change no gap", "command": "follow"}) == "lane_change"
     assert behaviour_of({"expert": "yield", "command": "right"}) == "yield"
     assert behaviour_of({"scenario": "navsim"}) is None  # not a world record
+    recovery = {"offset_m": 0.4, "heading_rad": 0.0, "lane": 1, "along_m": 3.0}
+    assert behaviour_of({"expert": "lane change free", "command": "follow", "recovery": recovery}) == "recovery"
+    assert behaviour_of({"expert": "free", "command": "follow", "recovery": None}) == "cruise"
     cv = constant_velocity_plan(EgoState((10.0, 1.0), (3.0, 0.0)))
     assert np.allclose(cv[0], [5.0, 0.5]) and np.allclose(cv[-1], [40.0, 4.0])  # 0.5 s apart, acceleration ignored
 

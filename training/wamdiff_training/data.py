@@ -80,12 +80,15 @@ BEHAVIOURS = ("cruise", "junction", "lane_change", "yield")
 
 
 def behaviour_of(meta: dict) -> str | None:
-    """What the expert does in a world plan record (its ``meta``): ``yield`` (waiting for traffic), ``lane_change``,
-    ``junction`` (a commanded turn or crossing: left / right / straight), else ``cruise`` (lane keeping, following).
-    None for records without the world's ``expert`` / ``command`` fields (other datasets)."""
+    """What the expert does in a world plan record (its ``meta``): ``recovery`` (a ``wamdiff-data recoveries`` frame:
+    the ego placed off its lane centre, whatever the expert then does), ``yield`` (waiting for traffic),
+    ``lane_change``, ``junction`` (a commanded turn or crossing: left / right / straight), else ``cruise`` (lane
+    keeping, following). None for records without the world's ``expert`` / ``command`` fields (other datasets)."""
     expert, command = meta.get("expert"), meta.get("command")
     if expert is None or command is None:
         return None
+    if meta.get("recovery"):
+        return "recovery"
     if expert == "yield":
         return "yield"
     if str(expert).startswith("lane change"):

@@ -6,6 +6,8 @@ a plan, a detect and a few ask samples), ``images/<split>/<scenario>_<seed>_<fra
 ``meta`` keeps the raw ego floats given to ``EgoState``, so the prompt can be rebuilt byte for byte. The rollouts are
 ``wamdiff_ros.world.demonstrations``; the questions ``wamdiff_ros.world.questions``. ``--driver MODEL`` makes DAgger
 data: a trained model drives part of each episode (``--expert-share``) and the expert labels every frame.
+``wamdiff-data recoveries`` writes single plan frames with the ego placed off its lane centre
+(``wamdiff_ros.world.recoveries``) in the same layout; their ``meta.recovery`` holds the placement.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from wamdiff_ros.world import questions
 from wamdiff_ros.world.camera import CameraConfig
 from wamdiff_ros.world.demonstrations import (
     REPLAN_HZ, DatasetError, Frame, NoiseConfig, RolloutConfig, rollout, sample_steps)
+from wamdiff_ros.world.recoveries import (
+    MAX_HEADING_RAD, MAX_OFFSET_M, RecoveryConfig, recovery_frame, recovery_seed)
 from wamdiff_ros.world.scenarios import (
     SEEDS_PER_SPLIT, SPLIT_SEED_BASE, ScenarioError, ScenarioSet, ScenarioSpec, load_scenarios)
 
@@ -165,6 +169,52 @@ def generate_split(out: Path, specs: list[ScenarioSpec], episodes: int, split: s
     return [s for samples, _ in results for s in samples], [entry for _, entry in results]
 
 
+@dataclass(frozen=True, slots=True)
+class _RecoveryJob:
+    spec: ScenarioSpec
+    seed: int
+    split: str
+    config: RecoveryConfig
+    scenarios: ScenarioSet
+    out: str
+
+
+def _export_recovery(job: _RecoveryJob) -> dict | None:
+    """One recovery frame: writes its image, returns its plan sample (None: no placement kept clear of traffic)."""
+    made = recovery_frame(job.spec, job.seed, job.scenarios, job.config)
+    if made is None:
+        return None
+    frame, placement = made
+    Image.fromarray(frame.image, "RGB").save(Path(job.out) / image_path(job.split, frame), format="PNG")
+    sample = records(frame, job.split, job.spec.kind, False)[0]
+    sample["meta"]["recovery"] = asdict(placement)
+    return sample
+
+
+def generate_recoveries(out: Path, specs: list[ScenarioSpec], samples: int, split: str, config: RecoveryConfig,
+                        scenarios: ScenarioSet, seed_offset: int = 0, workers: int = 1,
+                        progress: bool = True) -> tuple[list[dict], int]:
+    """Recovery worlds ``seed_offset .. seed_offset + samples - 1`` of ``split`` for every scenario: writes the images
+    and returns (plan samples ordered by scenario and seed, worlds skipped for want of a clear placement)."""
+    seeds = [recovery_seed(split, seed_offset, k) for k in (0, samples - 1)]  # checks the whole range
+    (out / "images" / split).mkdir(parents=True, exist_ok=True)
+    jobs = [_RecoveryJob(s, seeds[0] + k, split, config, scenarios, str(out)) for s in specs for k in range(samples)]
+    results: list = [None] * len(jobs)
+    bar = tqdm(total=len(jobs), desc=f"{split} recoveries", unit="frame", disable=not progress)
+    if workers <= 1:
+        for k, job in enumerate(jobs):
+            results[k] = _export_recovery(job)
+            bar.update()
+    else:
+        with _single_threaded_children(), ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(_export_recovery, job): k for k, job in enumerate(jobs)}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                bar.update()
+    bar.close()
+    return [r for r in results if r is not None], sum(r is None for r in results)
+
+
 def counts(samples: list[dict]) -> dict:
     return {"samples": len(samples), "images": len({s["image"] for s in samples}),
             "perturbed_samples": sum(s["meta"]["perturbed"] for s in samples),
@@ -191,6 +241,8 @@ def preview_tiles(out: Path, samples: list[dict], count: int) -> list[Image.Imag
             label += f" | PERTURBED {p['steer_rad']:+.2f} rad {p['accel_mps2']:+.1f} m/s2"
         if m.get("driver") == "model":
             label += " | model drives"
+        if m.get("recovery"):
+            label += f" | RECOVERY {m['recovery']['offset_m']:+.2f} m {m['recovery']['heading_rad']:+.3f} rad"
         waypoints = fmt.parse_waypoints(s["conversations"][1]["value"]).waypoints
         tile = draw_plan(image, waypoints, boxes, camera=model, text=label)
         tiles.append(tile.resize((tile.width * PREVIEW_SCALE, tile.height * PREVIEW_SCALE), Image.NEAREST))
@@ -233,6 +285,21 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--overwrite", action="store_true",
                    help="replace these splits' files in a non-empty --out (other splits are kept)")
     g.add_argument("--no-progress", action="store_true")
+    c = sub.add_parser("recoveries", help="single plan frames with the ego placed off its lane centre and off the "
+                                          "lane direction, in traffic, labelled by the expert")
+    c.add_argument("--scenarios", default="highway", help="comma-separated scenario names, or 'all'")
+    c.add_argument("--samples", type=int, required=True, help="recovery worlds per scenario (a few are skipped)")
+    c.add_argument("--split", default="train", help=f"one of {', '.join(SPLIT_SEED_BASE)}")
+    c.add_argument("--seed-offset", type=int, default=0, help="first recovery world within the split")
+    c.add_argument("--max-offset", type=float, default=MAX_OFFSET_M,
+                   help="largest sideways offset from the lane centre, m (default: %(default)s)")
+    c.add_argument("--max-heading", type=float, default=MAX_HEADING_RAD,
+                   help="largest heading error, rad (default: %(default)s)")
+    c.add_argument("--workers", type=int, default=1)
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--preview", type=int, default=16, help="samples in preview.png (0: none)")
+    c.add_argument("--overwrite", action="store_true", help="replace this split's files in a non-empty --out")
+    c.add_argument("--no-progress", action="store_true")
     r = sub.add_parser("reformat", help="rewrite the plan answers of exported JSON in another waypoint format "
                                         "version (values kept; other records untouched)")
     r.add_argument("files", nargs="+", type=Path, help="conversation JSON files (train.json, ...)")
@@ -338,12 +405,53 @@ def generate(args: argparse.Namespace, argv: list[str]) -> None:
             print(f"preview -> {path}")
 
 
+def recoveries(args: argparse.Namespace, argv: list[str]) -> None:
+    scenarios = load_scenarios()
+    specs = scenarios.select(args.scenarios)
+    if args.split not in SPLIT_SEED_BASE:
+        raise DatasetError(f"--split: unknown split {args.split!r}; expected one of {', '.join(SPLIT_SEED_BASE)}")
+    for name, ok in (("--samples", args.samples >= 1), ("--workers", args.workers >= 1),
+                     ("--preview", args.preview >= 0), ("--seed-offset", args.seed_offset >= 0)):
+        if not ok:
+            raise DatasetError(f"{name}: out of range: {getattr(args, name[2:].replace('-', '_'))}")
+    config = RecoveryConfig(max_offset_m=args.max_offset, max_heading_rad=args.max_heading)
+    out: Path = args.out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
+        raise DatasetError(f"--out {out} exists and is not empty; pass --overwrite to replace its {args.split} split")
+    recovery_seed(args.split, args.seed_offset, args.samples - 1)  # the range fits before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.split}.json").unlink(missing_ok=True)
+    shutil.rmtree(out / "images" / args.split, ignore_errors=True)
+    samples, skipped = generate_recoveries(out, specs, args.samples, args.split, config, scenarios,
+                                           args.seed_offset, args.workers, not args.no_progress)
+    (out / f"{args.split}.json").write_text(json.dumps(samples, indent=1))
+    manifest_path = out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest.update({"generator": "wamdiff_ros.world.dataset", "generator_version": DATASET_VERSION,
+                     "format_version": fmt.FORMAT_VERSION,
+                     "scenario_set": {"version": scenarios.version, "source": scenarios.source},
+                     "camera": asdict(CameraConfig()), "recovery": asdict(config)})
+    first = recovery_seed(args.split, args.seed_offset, 0)
+    manifest.setdefault("splits", {})[args.split] = {
+        "command_line": ["wamdiff-data", *argv], "scenarios": [s.name for s in specs],
+        "seeds": [first, first + args.samples - 1], "skipped": skipped, "counts": counts(samples)}
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    print(f"{args.split}: {len(samples)} recovery samples ({skipped} worlds skipped: no clear placement) -> "
+          f"{out / f'{args.split}.json'}")
+    (out / "preview.png").unlink(missing_ok=True)
+    if args.preview and samples:
+        path = write_preview(out / "preview.png", preview_tiles(out, samples, args.preview))
+        print(f"preview -> {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     try:
         if args.action == "reformat":
             reformat(args)
+        elif args.action == "recoveries":
+            recoveries(args, argv)
         else:
             generate(args, argv)
     except (ScenarioError, DatasetError) as exc:

@@ -28,6 +28,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
 from wamdiff_ros.world.closed_loop import ClosedLoopPlanner, Observation
 from wamdiff_ros.world.expert import Expert
+from wamdiff_ros.world.recoveries import displace_ego
 from wamdiff_ros.world.scenarios import ScenarioSet, load_scenarios
 from wamdiff_ros.world.sim import World
 
@@ -80,15 +81,8 @@ def place(case: ProbeCase, scenarios: ScenarioSet | None = None) -> World:
     if abs(case.offset_m) > 2.0 or abs(case.heading_rad) > 0.3:
         raise LaneProbeError(f"offset {case.offset_m} m / heading {case.heading_rad} rad: keep |offset| <= 2 m "
                              "(inside the lane) and |heading| <= 0.3 rad")
-    ego = world.ego
-    a, b, _ = ego.lane_index
-    lane = world.road.network.get_lane((a, b, case.lane))
-    s = lane.local_coordinates(ego.position)[0] + case.along_m
-    ego.lane_index, ego.lane = (a, b, case.lane), lane
-    # highway-env's lateral coordinate and heading are mirrored (y down): left is negative there
-    ego.position = lane.position(s, -case.offset_m)
-    ego.heading = lane.heading_at(s) - case.heading_rad
-    world.road.vehicles = [ego]
+    displace_ego(world, case.lane, case.along_m, case.offset_m, case.heading_rad)
+    world.road.vehicles = [world.ego]
     world.road.objects = []
     return world
 
