@@ -157,7 +157,8 @@ def test_shipped_plans_load_and_every_step_makes_a_valid_config(name):
         plain = [o for o in step.overrides if "=@run:" not in o]
         config = load_config(CONFIGS / f"{step.base}.yaml", plain)
         assert config.train.batch_size == plan.batch_size, step.name  # the plan's settings, not the base file's
-        assert all(Path(f).is_relative_to(plan.root) for f in config.data.train), step.name
+        inputs = [plan.root, plan.data_dir, *plan.extra_data]  # a continuation plan reads an earlier one's data
+        assert all(any(Path(f).is_relative_to(i) for i in inputs) for f in config.data.train), step.name
 
 
 def test_held_out_splits_take_their_own_episode_count(tmp_path, monkeypatch):
@@ -321,3 +322,51 @@ def test_a_model_can_train_on_the_other_models_dagger_exports_without_driving(tm
                                         "student": {"hidden": 64, "layers": 2, **student}}))
         with pytest.raises(ConfigError, match=message):
             load_plan(path)
+
+
+def test_a_continuation_plan_reads_earlier_data_starts_from_earlier_models_and_adds_recoveries(tmp_path, monkeypatch):
+    import wamdiff_ros.world.dataset as dataset
+
+    earlier = tmp_path / "v3"
+    (earlier / "student" / "dagger" / "r04" / "checkpoints").mkdir(parents=True)  # a run folder
+    (earlier / "teacher_model").mkdir()  # a model folder
+    plan = load_plan_from(tmp_path, {
+        "root": str(tmp_path / "v4"), "data": str(earlier / "data"), "extra_data": [str(earlier / "extra.json")],
+        "recoveries": {"samples": 7, "scenarios": "highway,merge", "weight": 0.8},
+        "task_weights": {"plan": 1.0}, "workers": 2,
+        "student": {"hidden": 64, "layers": 2, "init": str(earlier / "student" / "dagger" / "r04")},
+        "teacher": {"hidden": 128, "layers": 4, "init": str(earlier / "teacher_model")},
+        "adapt_dagger": {"rounds": 1, "episodes": 3, "seed_offset": 420}})
+    steps = {s.name: s for s in plan_steps(plan)}
+    recoveries = tmp_path / "v4" / "recoveries" / "train.json"
+    for name, step in steps.items():
+        if step.stage == "dagger-data":
+            assert "seed_offset=420" in step.overrides
+            continue
+        train = next(o for o in step.overrides if o.startswith("data.train="))
+        assert train.startswith(f"data.train=[{earlier / 'data' / 'train.json'},{earlier / 'extra.json'},{recoveries}")
+        assert "data.task_weights.plan/recovery=0.8" in step.overrides, name
+    assert f"model.init=@run:{earlier / 'student' / 'dagger' / 'r04'}" in steps["student/ar"].overrides
+    assert f"model.init={earlier / 'teacher_model'}" in steps["teacher/ar"].overrides
+    config = load_config(CONFIGS / "tiny_ar.yaml", [o for o in steps["teacher/ar"].overrides])
+    assert config.model.init == str(earlier / "teacher_model")
+    assert config.data.task_weights["plan/recovery"] == 0.8 and config.data.task_weights["plan"] == 1.0
+
+    calls = []
+    monkeypatch.setattr(dataset, "main", lambda argv: calls.append(argv) or 0)
+    ensure_data(plan, progress=False)
+    assert calls[0][:4] == ["recoveries", "--scenarios", "highway,merge", "--samples"] and "7" in calls[0]
+    assert calls[0][calls[0].index("--out") + 1] == str(recoveries.parent)
+    assert calls[1][calls[1].index("--out") + 1] == str(earlier / "data")  # the world export, where the plan reads
+    recoveries.parent.mkdir(parents=True)
+    recoveries.write_text("[]")
+    calls.clear()
+    ensure_data(plan, progress=False)
+    assert [c[0] for c in calls] == ["generate"]  # recoveries exported already: not again
+
+
+def test_recovery_settings_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="recoveries.count"):
+        load_plan_from(tmp_path, {"root": "x", "recoveries": {"count": 3}})
+    with pytest.raises(ConfigError, match="samples must be >= 1"):
+        load_plan_from(tmp_path, {"root": "x", "recoveries": {"samples": 0}})

@@ -40,6 +40,9 @@ class ModelPlan:
     # into, every label the expert's) instead of exporting rounds driven by this one; None: drive its own
     dagger_from: str | None = None
     dagger_steps: int | None = None  # this model's steps per DAgger round (both kinds), when not the plan's
+    # continue an earlier model instead of starting from random weights: its AR pretraining starts from this run
+    # folder's last checkpoint (or this model folder / checkpoint); hidden, layers and vision sizes are then its own
+    init: str | None = None
 
 
 @dataclass(slots=True)
@@ -55,6 +58,7 @@ class DaggerPlan:
     steps: int = 2500
     lr: float | None = None  # None: the AR config's
     task_weights: dict[str, float] | None = None  # None: the plan's mix
+    seed_offset: int | None = None  # first fresh training episode of round 1; None: after every earlier export's
 
     def __post_init__(self) -> None:
         shares = self.expert_share if isinstance(self.expert_share, list) else [self.expert_share]
@@ -68,6 +72,20 @@ class DaggerPlan:
     def share(self, r: int) -> float:
         """The expert's share of round ``r`` (1-based)."""
         return float(self.expert_share[r - 1] if isinstance(self.expert_share, list) else self.expert_share)
+
+
+@dataclass(slots=True)
+class RecoveryPlan:
+    """Lane recoveries (``wamdiff-data recoveries``) exported once beside the world data and trained on by every
+    run, as the mix group ``plan/recovery`` with ``weight``."""
+
+    samples: int = 1000  # recovery worlds per scenario
+    scenarios: str = "highway"
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.samples < 1 or self.weight < 0:
+            raise ConfigError("hierarchy", "recoveries", f"samples must be >= 1 and weight >= 0; got {self}")
 
 
 @dataclass(slots=True)
@@ -92,6 +110,13 @@ class HierarchyPlan:
     adapt_dagger: DaggerPlan | None = None  # rounds driven by each model's B = 32 model, after its Stage I
     ablations: bool = True  # the student's ablation runs after the main chain (see plan_steps)
     ar_in_place_weight: float = 0.0  # ar.in_place_weight of every AR run (pretraining and DAgger rounds)
+    data: str | None = None  # the world export every run trains on (and exports into when missing); None: root/data
+    extra_data: list[str] = field(default_factory=list)  # more conversation JSON for every run (earlier exports)
+    recoveries: RecoveryPlan | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.root) / "data" if self.data is None else Path(self.data)
 
 
 @dataclass(slots=True)
@@ -113,7 +138,7 @@ def load_plan(path: str | Path) -> HierarchyPlan:
     if "root" not in raw:
         raise ConfigError(str(path), "root", "missing: the folder every run of the hierarchy writes into")
     for key, kind in (("teacher", ModelPlan), ("student", ModelPlan), ("dagger", DaggerPlan),
-                      ("adapt_dagger", DaggerPlan)):
+                      ("adapt_dagger", DaggerPlan), ("recoveries", RecoveryPlan)):
         if raw.get(key) is not None:
             unknown = set(raw[key]) - set(kind.__slots__)
             if unknown:
@@ -145,24 +170,31 @@ def _done_steps(out_dir: Path) -> int:
 def plan_steps(plan: HierarchyPlan) -> list[Step]:
     """Every training run, in order. ``model.init`` / teacher paths point at the predecessor's run folder and are
     resolved to its latest checkpoint when the step starts (``@run:<dir>``)."""
-    root, data = Path(plan.root), Path(plan.root) / "data" / "train.json"
+    root = Path(plan.root)
+    weights = dict(plan.task_weights or {})
+    data = [plan.data_dir / "train.json", *(Path(f) for f in plan.extra_data)]
+    if plan.recoveries is not None:
+        data.append(recovery_data(plan))
+        weights["plan/recovery"] = plan.recoveries.weight
     base = [f"train.batch_size={plan.batch_size}", f"out.checkpoint_every={plan.checkpoint_every}", "out.keep=2",
-            *(f"data.task_weights.{task}={w}" for task, w in (plan.task_weights or {}).items())]
+            *(f"data.task_weights.{task}={w}" for task, w in weights.items())]
     steps: list[Step] = []
     commons: dict[str, list[str]] = {}  # each model's training data (with any DAgger rounds') for the later stages
     # a model that trains on the other's DAgger exports comes after it, so its rounds find their data exported
     order = ("student", "teacher") if plan.teacher.dagger_from == "student" else ("teacher", "student")
     for who in order:
-        common = commons[who] = [f"data.train=[{data}]", *base]
+        common = commons[who] = [_union(data), *base]
         m: ModelPlan = getattr(plan, who)
         ar_dir = root / who / "ar"
         ar_steps = m.ar_steps if m.ar_steps is not None else plan.ar_steps
+        init = [] if m.init is None else [
+            f"model.init=@run:{m.init}" if (Path(m.init) / "checkpoints").is_dir() else f"model.init={m.init}"]
         steps.append(Step(f"{who}/ar", "ar", "tiny_ar", ar_dir, ar_steps, [
             *common, f"ar.in_place_weight={plan.ar_in_place_weight}", f"model.tiny.hidden={m.hidden}",
             f"model.tiny.layers={m.layers}", f"model.tiny.seed={m.seed}",
-            f"model.tiny.vision_hidden={m.vision_hidden}", f"model.tiny.vision_depth={m.vision_depth}"]))
+            f"model.tiny.vision_hidden={m.vision_hidden}", f"model.tiny.vision_depth={m.vision_depth}", *init]))
         previous = ar_dir
-        files = [data]
+        files = list(data)
         if plan.dagger is not None:
             previous, files = _dagger_steps(plan, who, previous, base, steps, files)
             common = commons[who] = [_union(files), *base]
@@ -210,7 +242,8 @@ def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str]
     round_steps = model.dagger_steps if model.dagger_steps is not None else d.steps
     folder = "adapt_dagger" if diffusion else "dagger"
     # fresh training seeds: after the plan's episodes and every earlier round's (AR rounds first)
-    first = plan.episodes + (plan.dagger.rounds * plan.dagger.episodes if diffusion and plan.dagger else 0)
+    first = d.seed_offset if d.seed_offset is not None else \
+        plan.episodes + (plan.dagger.rounds * plan.dagger.episodes if diffusion and plan.dagger else 0)
     weights = [f"data.task_weights.{task}={w}" for task, w in (d.task_weights or {}).items()]
     lr = [] if d.lr is None else [f"train.lr={d.lr}"]
     stage = ("adapt", "tiny_adapt", [f"adapt.block_size={plan.curriculum[-1]}"]) if diffusion else \
@@ -298,8 +331,26 @@ def _resolve(override: str, planned: dict[Path, int]) -> str:
     return f"{key}={latest}"
 
 
+def recovery_data(plan: HierarchyPlan) -> Path:
+    return Path(plan.root) / "recoveries" / "train.json"
+
+
+def ensure_recoveries(plan: HierarchyPlan, progress: bool) -> None:
+    """The plan's recovery frames (written last by the export, so one cut short runs again)."""
+    from wamdiff_ros.world.dataset import main as export
+
+    if plan.recoveries is None or recovery_data(plan).is_file():
+        return
+    r = plan.recoveries
+    args = ["recoveries", "--scenarios", r.scenarios, "--samples", str(r.samples), "--split", "train",
+            "--workers", str(plan.workers), "--out", str(recovery_data(plan).parent), "--overwrite"]
+    if export(args + ([] if progress else ["--no-progress"])) != 0:
+        raise RuntimeError(f"the recovery export into {recovery_data(plan).parent} failed")
+
+
 def ensure_data(plan: HierarchyPlan, progress: bool) -> Path:
-    out = Path(plan.root) / "data"
+    ensure_recoveries(plan, progress)
+    out = plan.data_dir
     if (out / "train.json").is_file() and (out / "test.json").is_file():
         return out
     from wamdiff_ros.world.dataset import main as export
