@@ -399,3 +399,13 @@ def test_render_compares_the_stage_two_student_when_it_was_driven(evaluated, tmp
     assert re.search(r"^\| final student − Stage II student \(what Stage III did\) \| paused \| 1 \| -10\.0 ", text,
                      re.M)
     assert "| Stage II student − AR model | realtime | 1 |" in text
+
+
+def test_a_continuation_plans_held_out_data_is_the_earlier_export_it_reads(tmp_path):
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(f"root: {tmp_path / 'v4'}\ndata: {tmp_path / 'v3' / 'data'}\n")
+    plan = results.load_hierarchy_plan(str(plan_file), tmp_path / "v4")
+    assert results.data_folder(plan, tmp_path / "v4") == tmp_path / "v3" / "data"
+    assert results.data_folder(None, tmp_path / "v4") == tmp_path / "v4" / "data"
+    with pytest.raises(results.ResultsError, match=str(tmp_path / "v3" / "data" / "test.json")):
+        results.data_subset(tmp_path / "v3" / "data", tmp_path / "work", 4)

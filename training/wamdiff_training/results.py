@@ -214,14 +214,20 @@ def find_checkpoint(root: Path, run: str) -> tuple[str | None, str]:
 # -- evaluate: open loop --------------------------------------------------------------------------------------------
 
 
-def data_subset(root: Path, work: Path, max_samples: int | None) -> dict:
-    """At most ``max_samples`` records per task from <root>/data/test.json, evenly spaced over the file (so every
+def data_folder(plan, root: Path) -> Path:
+    """The world export the hierarchy trained on: the plan's (a continuation plan reads an earlier one's), else
+    <root>/data."""
+    return root / "data" if plan is None else plan.data_dir
+
+
+def data_subset(data: Path, work: Path, max_samples: int | None) -> dict:
+    """At most ``max_samples`` records per task from <data>/test.json, evenly spaced over the file (so every
     scenario and seed is represented, not just the first episode), written to <work>/test_subset.json."""
-    test = root / "data" / "test.json"
+    test = data / "test.json"
     try:
         records = json.loads(test.read_text())
     except (OSError, ValueError) as exc:
-        raise ResultsError(f"--root {root}: cannot read the held-out split {test} ({exc})") from exc
+        raise ResultsError(f"cannot read the held-out split {test} ({exc})") from exc
     by_task: dict[str, list] = {}
     for r in records:
         by_task.setdefault(r.get("task", "?"), []).append(r)
@@ -231,7 +237,7 @@ def data_subset(root: Path, work: Path, max_samples: int | None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     subset = work / "test_subset.json"
     subset.write_text(json.dumps(chosen))  # image paths stay relative: --root points at the data folder
-    return {"file": str(test), "subset": str(subset), "image_root": str(root / "data"),
+    return {"file": str(test), "subset": str(subset), "image_root": str(data),
             "selection": "evenly spaced over the file, per task" + (f", at most {max_samples}" if max_samples else ""),
             "available": {t: len(rs) for t, rs in sorted(by_task.items())},
             "used": {t: sum(r.get("task") == t for r in chosen) for t in sorted(by_task)}}
@@ -661,8 +667,7 @@ def run_info(root: Path, run: str, planned: int | None) -> dict:
     return info
 
 
-def data_volume(root: Path) -> dict:
-    data = root / "data"
+def data_volume(data: Path) -> dict:
     manifest = read_json(data / "manifest.json") or {}
     camera = manifest.get("camera") or {}
     out = {"folder": str(data), "image_size": [camera.get("width"), camera.get("height")] if camera else None,
@@ -707,7 +712,7 @@ def evaluate_runs(root: Path, out: Path, plan_path: str | None, plan) -> dict:
             seen.add(info["checkpoint"])
         runs.append(info)
     data = {"piece": "runs", "schema": SCHEMA, "settings": {"root": str(root), "plan": plan_path}, "runs": runs,
-            "data": data_volume(root)}
+            "data": data_volume(data_folder(plan, root))}
     write_json(out / "runs.json", data)
     return data
 
@@ -731,7 +736,7 @@ def evaluate_all(args: argparse.Namespace) -> dict[str, str]:
     open_pieces = [p for p in ("open_loop", "ablation", "divergence", "overlap") if p in only]
     if open_pieces:
         settings = {"root": str(root), "max_samples": args.max_samples, "seed": 0}
-        evaluator = Evaluator(data_subset(root, work, args.max_samples), work)
+        evaluator = Evaluator(data_subset(data_folder(plan, root), work, args.max_samples), work)
         for name in ("open_loop", "ablation", "divergence"):  # earlier pieces' entries seed the cache
             old = read_json(out / f"{name}.json")
             if old is not None and not args.force and old.get("settings", {}).get("max_samples") == args.max_samples \
