@@ -333,7 +333,7 @@ def test_a_continuation_plan_reads_earlier_data_starts_from_earlier_models_and_a
     plan = load_plan_from(tmp_path, {
         "root": str(tmp_path / "v4"), "data": str(earlier / "data"), "extra_data": [str(earlier / "extra.json")],
         "recoveries": {"samples": 7, "scenarios": "highway,merge", "weight": 0.8},
-        "task_weights": {"plan": 1.0}, "workers": 2,
+        "task_weights": {"plan": 1.0}, "workers": 2, "ar_lr": 5e-4,
         "student": {"hidden": 64, "layers": 2, "init": str(earlier / "student" / "dagger" / "r04")},
         "teacher": {"hidden": 128, "layers": 4, "init": str(earlier / "teacher_model")},
         "adapt_dagger": {"rounds": 1, "episodes": 3, "seed_offset": 420}})
@@ -349,7 +349,8 @@ def test_a_continuation_plan_reads_earlier_data_starts_from_earlier_models_and_a
     assert f"model.init=@run:{earlier / 'student' / 'dagger' / 'r04'}" in steps["student/ar"].overrides
     assert f"model.init={earlier / 'teacher_model'}" in steps["teacher/ar"].overrides
     config = load_config(CONFIGS / "tiny_ar.yaml", [o for o in steps["teacher/ar"].overrides])
-    assert config.model.init == str(earlier / "teacher_model")
+    assert config.model.init == str(earlier / "teacher_model") and config.train.lr == 5e-4
+    assert not any(o.startswith("train.lr=") for o in steps["student/adapt/b01"].overrides)  # AR runs only
     assert config.data.task_weights["plan/recovery"] == 0.8 and config.data.task_weights["plan"] == 1.0
 
     calls = []

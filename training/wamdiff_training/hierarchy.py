@@ -110,6 +110,7 @@ class HierarchyPlan:
     adapt_dagger: DaggerPlan | None = None  # rounds driven by each model's B = 32 model, after its Stage I
     ablations: bool = True  # the student's ablation runs after the main chain (see plan_steps)
     ar_in_place_weight: float = 0.0  # ar.in_place_weight of every AR run (pretraining and DAgger rounds)
+    ar_lr: float | None = None  # the AR pretraining runs' learning rate; None: the AR config's
     data: str | None = None  # the world export every run trains on (and exports into when missing); None: root/data
     extra_data: list[str] = field(default_factory=list)  # more conversation JSON for every run (earlier exports)
     recoveries: RecoveryPlan | None = None
@@ -192,7 +193,8 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
         steps.append(Step(f"{who}/ar", "ar", "tiny_ar", ar_dir, ar_steps, [
             *common, f"ar.in_place_weight={plan.ar_in_place_weight}", f"model.tiny.hidden={m.hidden}",
             f"model.tiny.layers={m.layers}", f"model.tiny.seed={m.seed}",
-            f"model.tiny.vision_hidden={m.vision_hidden}", f"model.tiny.vision_depth={m.vision_depth}", *init]))
+            f"model.tiny.vision_hidden={m.vision_hidden}", f"model.tiny.vision_depth={m.vision_depth}", *init,
+            *([] if plan.ar_lr is None else [f"train.lr={plan.ar_lr}"])]))
         previous = ar_dir
         files = list(data)
         if plan.dagger is not None:
