@@ -77,10 +77,12 @@ def records(frame: Frame, split: str, kind: str, perturbed_episode: bool) -> lis
 
 @dataclass(frozen=True, slots=True)
 class _Job:
+    """One episode to roll out (``RolloutConfig``) or one recovery frame to place (``RecoveryConfig``)."""
+
     spec: ScenarioSpec
     seed: int
     split: str
-    config: RolloutConfig
+    config: RolloutConfig | RecoveryConfig
     scenarios: ScenarioSet
     out: str
     driver: str | None = None  # model folder for DAgger rollouts
@@ -153,33 +155,29 @@ def generate_split(out: Path, specs: list[ScenarioSpec], episodes: int, split: s
     (out / "images" / split).mkdir(parents=True, exist_ok=True)
     base = SPLIT_SEED_BASE[split] + seed_offset
     jobs = [_Job(s, base + i, split, config, scenarios, str(out), driver) for s in specs for i in range(episodes)]
+    results = _run_jobs(_export_episode, jobs, workers, tqdm(total=len(jobs), desc=f"{split} episodes", unit="ep",
+                                                             disable=not progress))
+    return [s for samples, _ in results for s in samples], [entry for _, entry in results]
+
+
+def _run_jobs(fn, jobs: list, workers: int, bar: tqdm) -> list:
+    """``fn`` of every job, in the jobs' order whatever the worker count (spawned processes, one thread each)."""
     results: list = [None] * len(jobs)
-    bar = tqdm(total=len(jobs), desc=f"{split} episodes", unit="ep", disable=not progress)
     if workers <= 1:
         for k, job in enumerate(jobs):
-            results[k] = _export_episode(job)
+            results[k] = fn(job)
             bar.update()
     else:
         with _single_threaded_children(), ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_export_episode, job): k for k, job in enumerate(jobs)}
+            futures = {pool.submit(fn, job): k for k, job in enumerate(jobs)}
             for future in as_completed(futures):
                 results[futures[future]] = future.result()
                 bar.update()
     bar.close()
-    return [s for samples, _ in results for s in samples], [entry for _, entry in results]
+    return results
 
 
-@dataclass(frozen=True, slots=True)
-class _RecoveryJob:
-    spec: ScenarioSpec
-    seed: int
-    split: str
-    config: RecoveryConfig
-    scenarios: ScenarioSet
-    out: str
-
-
-def _export_recovery(job: _RecoveryJob) -> dict | None:
+def _export_recovery(job: _Job) -> dict | None:
     """One recovery frame: writes its image, returns its plan sample (None: no placement kept clear of traffic)."""
     made = recovery_frame(job.spec, job.seed, job.scenarios, job.config)
     if made is None:
@@ -198,20 +196,9 @@ def generate_recoveries(out: Path, specs: list[ScenarioSpec], samples: int, spli
     and returns (plan samples ordered by scenario and seed, worlds skipped for want of a clear placement)."""
     seeds = [recovery_seed(split, seed_offset, k) for k in (0, samples - 1)]  # checks the whole range
     (out / "images" / split).mkdir(parents=True, exist_ok=True)
-    jobs = [_RecoveryJob(s, seeds[0] + k, split, config, scenarios, str(out)) for s in specs for k in range(samples)]
-    results: list = [None] * len(jobs)
-    bar = tqdm(total=len(jobs), desc=f"{split} recoveries", unit="frame", disable=not progress)
-    if workers <= 1:
-        for k, job in enumerate(jobs):
-            results[k] = _export_recovery(job)
-            bar.update()
-    else:
-        with _single_threaded_children(), ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_export_recovery, job): k for k, job in enumerate(jobs)}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                bar.update()
-    bar.close()
+    jobs = [_Job(s, seeds[0] + k, split, config, scenarios, str(out)) for s in specs for k in range(samples)]
+    results = _run_jobs(_export_recovery, jobs, workers, tqdm(total=len(jobs), desc=f"{split} recoveries",
+                                                              unit="frame", disable=not progress))
     return [r for r in results if r is not None], sum(r is None for r in results)
 
 
