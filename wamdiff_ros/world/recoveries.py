@@ -71,9 +71,8 @@ def place(world: World, rng: np.random.Generator, config: RecoveryConfig) -> Pla
     ego = world.ego
     a, b, lane_id = ego.lane_index
     lanes = len(world.road.network.graph[a][b])
-    start = lane_id if lanes == 1 else None
     for _ in range(config.attempts):
-        lane = start if start is not None else int(rng.integers(0, lanes))
+        lane = lane_id if lanes == 1 else int(rng.integers(0, lanes))
         road_lane = world.road.network.get_lane((a, b, lane))
         s0 = road_lane.local_coordinates(ego.position)[0]
         room = max(0.0, min(config.ahead_m, road_lane.length - 10.0 - s0))  # stay on the start road
