@@ -201,7 +201,8 @@ def test_render_tables(rendered):
     assert [h.split()[1] for h in heads] == ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "Runs", "Where"]
     assert re.search(r"^\| student Stage I B=4 \| not run \|", text, re.M)
     assert re.search(r"^\| direct AR → B=32 \(no curriculum\) \| not run \|", text, re.M)
-    assert re.search(r"^\| student Stage I B=8 \| B=8, t=0\.90 \| 4 \|", text, re.M)
+    t = re.escape(f"{results.DEFAULT_THRESHOLD:.2f}")
+    assert re.search(rf"^\| student Stage I B=8 \| B=8, t={t} \| 4 \|", text, re.M)
     assert re.search(r"^\| forward KL \| not run \|", text, re.M)
     behaviours = text.split("### Plan L2 by what the expert does")[1].split("###")[0]
     assert re.search(r"^\| student AR \| [\d.]+ \([\d.]+\) \|", behaviours, re.M)
@@ -230,7 +231,7 @@ def test_render_paired_ci_and_acceptance(rendered, evaluated):
     assert len(lines) == 6 and all(line[2] in "✓✗" for line in lines)
     assert lines[-1].startswith("- ✗ paired held-out episodes (student, AR) per mode: 1 ≥ 100")
     final = _load(evaluated, "open_loop")["entries"]["student_final"]
-    fpt = next(r for r in final["plan"] if r["threshold"] == 0.9)["forward_calls_per_token"]
+    fpt = next(r for r in final["plan"] if r["threshold"] == results.DEFAULT_THRESHOLD)["forward_calls_per_token"]
     assert f"- {'✓' if fpt <= 0.35 else '✗'} final student {fpt:.3f} forward calls per token" in checks
     groups = {(g["planner"], g["mode"]): g["ds"] for e in _load(evaluated, "closed_loop")["entries"].values()
               for g in e["groups"]}
@@ -307,7 +308,7 @@ def test_json_rows_are_one_line_each(evaluated):
 
 def test_card_metrics_for_the_model_card(evaluated, tmp_path):
     lines = results.card_metrics(evaluated)
-    assert lines[0].startswith("- open loop (held-out split, B=32, threshold 0.90)")
+    assert lines[0].startswith(f"- open loop (held-out split, B=32, threshold {results.DEFAULT_THRESHOLD:.2f})")
     assert [line.split(":")[0] for line in lines[1:]] == ["- closed loop, paused", "- closed loop, realtime"]
     assert all("paired student − AR" in line and "constant velocity" in line for line in lines[1:])
     assert results.card_metrics(tmp_path) == ["- No results logged yet: run `make results-eval`."]

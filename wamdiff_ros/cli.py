@@ -34,7 +34,7 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-size", type=int, default=None, help="B (default: the checkpoint's, at most 32)")
     parser.add_argument("--steps", type=int, default=None, help="denoising steps per block, at most (default 32)")
-    parser.add_argument("--threshold", type=float, default=None, help="confidence threshold (default 0.9)")
+    parser.add_argument("--threshold", type=float, default=None, help="confidence threshold (default 0.8)")
     parser.add_argument("--schedule", choices=SCHEDULES, default=None)
     parser.add_argument("--no-constraint", action="store_true", help="do not constrain the plan to its grammar")
 

@@ -463,8 +463,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=5, help="K of rho_k (default 5)")
     p.add_argument("--max-samples", type=int, default=None, metavar="N",
                    help="at most N records per task, evenly spaced over the file")
-    p.add_argument("--thresholds", default="0.9", help="confidence thresholds to sweep, e.g. 0.9,0.7,0.5 (the "
-                   "first also decodes detect / ask and drives the closed loop)")
+    p.add_argument("--thresholds", default=f"{DecodeSettings().threshold:g}", help="confidence thresholds to sweep, "
+                   "e.g. 0.9,0.7,0.5 (the first also decodes detect / ask and drives the closed loop; default: the "
+                   "decoder's default)")
     p.add_argument("--block-size", type=int, default=None, help="decode block size of diffusion checkpoints "
                    "(default: min(32, trained))")
     p.add_argument("--steps", type=int, default=None, help="denoising steps per block at most (default 32)")

@@ -84,6 +84,7 @@ def run(model: str, new_tokens: int, runs: int, static_steps: int, device: str, 
         "new_tokens": new_tokens,
         "runs": runs,
         "static_steps_per_block": static_steps,
+        "threshold": DecodeSettings().threshold,
         "prompt_tokens": prompt.length,
         "ar": stats["ar"],
         "block": {str(b): stats[f"block{b}"] for b in BLOCK_SIZES},
@@ -106,7 +107,7 @@ def table(result: dict) -> str:
     for b, s in result["block"].items():
         rows.append((f"B={b} static {result['static_steps_per_block']} steps/block", s))
     for b, s in result["block_threshold"].items():
-        rows.append((f"B={b} threshold 0.9, T=B", s))
+        rows.append((f"B={b} threshold {result['threshold']:g}, T=B", s))
     lines = [
         f"decode benchmark: {result['model']} on {result['device']} ({result['torch_threads']} threads), "
         f"{result['prompt_tokens']}-token prompt, {result['new_tokens']} new tokens, median of {result['runs']} runs",
