@@ -68,6 +68,9 @@ def test_the_card_describes_the_plan_that_trained_the_model(tmp_path):
     assert "driven by the student (the other model trains on its exports)" in card and "Stage III" in card
     assert "Plus 2 DAgger round exports" in card
     assert "DAgger" not in export.stages_text(None) and "Stage III" in export.stages_text(None)
+    v4 = export.stages_text(str(plan.with_name("tiny_hierarchy_v4.yaml")))  # a continuation with recoveries
+    assert "1500 steps continuing `out/tiny_hierarchy_v3/teacher/dagger/r04`" in v4
+    assert "plus 4 earlier exports" in v4 and "2000 lane recovery frames per scenario (all;" in v4
     assert train_main(["export", "--checkpoint", str(run), "--out", str(out), "--plan", str(tmp_path / "no.yaml")]) == 2
 
 

@@ -74,8 +74,14 @@ def stages_text(plan_path: str | None) -> str:
     plan = load_plan(plan_path)
     s, t = plan.student, plan.teacher
     head = ", the B = 1 in-place head trained beside the next-token one" if plan.ar_in_place_weight > 0 else ""
-    parts = [f"AR multi-task pretraining of a teacher (hidden {t.hidden}, {t.layers} layers; {_ar_steps(plan, t)} "
-             f"steps) and of this student (hidden {s.hidden}, {s.layers} layers; {_ar_steps(plan, s)} steps){head}"]
+    parts = [f"AR multi-task pretraining of a teacher ({_ar_text(plan, t)}) and of this student ({_ar_text(plan, s)})"
+             f"{head}"]
+    if plan.extra_data:
+        parts[0] += f", on the world data plus {len(plan.extra_data)} earlier exports"
+    if plan.recoveries is not None:
+        r = plan.recoveries
+        parts[0] += (f", with {r.samples} lane recovery frames per scenario ({r.scenarios}; `wamdiff-data "
+                     "recoveries`) in every run")
     lender = "teacher" if s.dagger_from else "student"
     borrower = " (the other model trains on its exports)" if (s.dagger_from or t.dagger_from) else ""
     if plan.dagger is not None:
@@ -98,8 +104,10 @@ def stages_text(plan_path: str | None) -> str:
     return f"- Stages (`wamdiff-train hierarchy --plan {plan_path}`): " + " -> ".join(parts) + "."
 
 
-def _ar_steps(plan, model) -> int:
-    return model.ar_steps if model.ar_steps is not None else plan.ar_steps
+def _ar_text(plan, model) -> str:
+    steps = model.ar_steps if model.ar_steps is not None else plan.ar_steps
+    text = f"hidden {model.hidden}, {model.layers} layers; {steps} steps"
+    return text if model.init is None else f"{text} continuing `{model.init}`"
 
 
 def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str | None = None) -> str:
