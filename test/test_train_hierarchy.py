@@ -371,3 +371,43 @@ def test_recovery_settings_are_checked(tmp_path):
         load_plan_from(tmp_path, {"root": "x", "recoveries": {"count": 3}})
     with pytest.raises(ConfigError, match="samples must be >= 1"):
         load_plan_from(tmp_path, {"root": "x", "recoveries": {"samples": 0}})
+
+
+def _done_run(folder: Path, steps: int) -> None:
+    (folder / "checkpoints" / f"step-{steps:06d}").mkdir(parents=True)
+    (folder / "checkpoints" / "latest").write_text(f"step-{steps:06d}\n")
+    (folder / "config.yaml").write_text("{}\n")
+
+
+def test_a_plan_reuses_an_earlier_plans_done_runs_by_linking_them(tmp_path, capsys):
+    from wamdiff_training.hierarchy import run
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    _done_run(old / "student" / "ar", 2)
+    _done_run(old / "teacher" / "ar", 3)  # done, but not named by reuse.runs
+    exported = old / "student" / "dagger" / "r01" / "data"
+    (exported / "images").mkdir(parents=True)
+    (exported / "train.json").write_text("[]")
+    (old / "student" / "dagger" / "r01" / "checkpoints").mkdir()  # its training run never finished there
+    (new / "data").mkdir(parents=True)
+    for split in ("train", "test"):
+        (new / "data" / f"{split}.json").write_text("[]")
+    plan = load_plan_from(tmp_path, {
+        "root": str(new), "ar_steps": 2, "dagger": {"rounds": 1, "episodes": 1, "steps": 2},
+        "teacher": {"hidden": 128, "layers": 4, "ar_steps": 3},
+        "reuse": {"root": str(old), "runs": ["student/ar", "student/dagger/*", "teacher/ar"]}})
+    only = ["student/ar", "student/dagger/r01/data"]
+    dry = {name: (what, ckpt) for name, what, ckpt in run(plan, dry_run=True, only=only)}
+    assert dry == {"student/ar": (f"reused from {old / 'student' / 'ar'}", None),
+                   "student/dagger/r01/data": (f"reused from {exported}", None)}
+    assert not (new / "student").exists()  # a dry run links nothing
+
+    report = {name: (what, ckpt) for name, what, ckpt in run(plan, progress=False, only=only)}
+    assert report["student/ar"][1] == new / "student" / "ar" / "checkpoints" / "step-000002"
+    assert report["student/dagger/r01/data"][1] == new / "student" / "dagger" / "r01" / "data" / "train.json"
+    assert (new / "student" / "ar" / "checkpoints").is_symlink()
+    assert (new / "student" / "dagger" / "r01" / "data" / "images").resolve() == exported / "images"
+    assert not (new / "student" / "dagger" / "r01" / "checkpoints").exists()  # not done there: trains here
+    assert (new / "teacher" / "ar" / "checkpoints").is_symlink()  # linked before the steps run, --only or not
+    assert [what for _, what, _ in run(plan, progress=False, only=only)] == ["done (2 steps)", "done (exported)"]
+    assert (old / "student" / "ar" / "checkpoints" / "latest").read_text() == "step-000002\n"  # left as it was

@@ -89,6 +89,16 @@ class RecoveryPlan:
 
 
 @dataclass(slots=True)
+class ReusePlan:
+    """Runs taken over from an earlier plan's root instead of trained again: a step whose name matches one of
+    ``runs`` (globs) and that is done under ``root`` is linked into this plan's root before the steps run (its
+    files, one symlink each, so a run's DAgger export beside it links on its own), and is then done here too."""
+
+    root: str
+    runs: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class HierarchyPlan:
     root: str
     scenarios: str = "all"
@@ -114,6 +124,7 @@ class HierarchyPlan:
     data: str | None = None  # the world export every run trains on (and exports into when missing); None: root/data
     extra_data: list[str] = field(default_factory=list)  # more conversation JSON for every run (earlier exports)
     recoveries: RecoveryPlan | None = None
+    reuse: ReusePlan | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -139,7 +150,7 @@ def load_plan(path: str | Path) -> HierarchyPlan:
     if "root" not in raw:
         raise ConfigError(str(path), "root", "missing: the folder every run of the hierarchy writes into")
     for key, kind in (("teacher", ModelPlan), ("student", ModelPlan), ("dagger", DaggerPlan),
-                      ("adapt_dagger", DaggerPlan), ("recoveries", RecoveryPlan)):
+                      ("adapt_dagger", DaggerPlan), ("recoveries", RecoveryPlan), ("reuse", ReusePlan)):
         if raw.get(key) is not None:
             unknown = set(raw[key]) - set(kind.__slots__)
             if unknown:
@@ -350,6 +361,34 @@ def ensure_recoveries(plan: HierarchyPlan, progress: bool) -> None:
         raise RuntimeError(f"the recovery export into {recovery_data(plan).parent} failed")
 
 
+def _is_done(step: Step, out_dir: Path) -> bool:
+    return (out_dir / "train.json").is_file() if step.stage == "dagger-data" else _done_steps(out_dir) >= step.steps
+
+
+def link_reused(plan: HierarchyPlan, steps: list[Step], dry_run: bool = False) -> dict[str, Path]:
+    """The steps ``plan.reuse`` takes over (name -> the earlier run folder): each done there and not begun here is
+    linked in file by file (nothing is linked on a dry run)."""
+    if plan.reuse is None:
+        return {}
+    reused = {}
+    for step in steps:
+        if not any(fnmatch.fnmatchcase(step.name, pattern) for pattern in plan.reuse.runs):
+            continue
+        earlier = Path(plan.reuse.root) / step.out_dir.relative_to(plan.root)
+        if _is_done(step, step.out_dir) or not _is_done(step, earlier):
+            continue
+        reused[step.name] = earlier
+        if dry_run:
+            continue
+        step.out_dir.mkdir(parents=True, exist_ok=True)
+        for child in earlier.iterdir():
+            link = step.out_dir / child.name
+            if not link.exists() and not link.is_symlink():
+                link.symlink_to(child.resolve(), target_is_directory=child.is_dir())
+        log.info("hierarchy: %s reused from %s", step.name, earlier)
+    return reused
+
+
 def ensure_data(plan: HierarchyPlan, progress: bool) -> Path:
     ensure_recoveries(plan, progress)
     out = plan.data_dir
@@ -381,8 +420,13 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
         ensure_data(plan, progress)
     steps = plan_steps(plan)
     planned = {step.out_dir: step.steps for step in steps}
+    reused = link_reused(plan, steps, dry_run)
     for step in steps:
         if only and not any(fnmatch.fnmatchcase(step.name, pattern) for pattern in only):
+            continue
+        if step.name in reused:
+            here = step.out_dir / "train.json" if step.stage == "dagger-data" else _latest(step.out_dir)
+            report.append((step.name, f"reused from {reused[step.name]}", None if dry_run else here))
             continue
         if step.stage == "dagger-data":
             data = step.out_dir / "train.json"
