@@ -380,7 +380,7 @@ def _done_run(folder: Path, steps: int) -> None:
 
 
 def test_a_plan_reuses_an_earlier_plans_done_runs_by_linking_them(tmp_path, capsys):
-    from wamdiff_training.hierarchy import run
+    from wamdiff_training.hierarchy import link_reused, run
 
     old, new = tmp_path / "old", tmp_path / "new"
     _done_run(old / "student" / "ar", 2)
@@ -410,4 +410,10 @@ def test_a_plan_reuses_an_earlier_plans_done_runs_by_linking_them(tmp_path, caps
     assert not (new / "student" / "dagger" / "r01" / "checkpoints").exists()  # not done there: trains here
     assert (new / "teacher" / "ar" / "checkpoints").is_symlink()  # linked before the steps run, --only or not
     assert [what for _, what, _ in run(plan, progress=False, only=only)] == ["done (2 steps)", "done (exported)"]
+    plan.reuse.runs.append("teacher/adapt/*")
+    for b in ("b01", "b04"):
+        _done_run(old / "teacher" / "adapt" / b, 200)  # the plan's Stage I phases are 200 steps
+    (new / "teacher" / "adapt" / "b01" / "checkpoints").mkdir(parents=True)  # begun here: trains on here
+    assert set(link_reused(plan, plan_steps(plan))) == {"teacher/adapt/b04"}
+    assert not (new / "teacher" / "adapt" / "b01" / "config.yaml").exists()
     assert (old / "student" / "ar" / "checkpoints" / "latest").read_text() == "step-000002\n"  # left as it was

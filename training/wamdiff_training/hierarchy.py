@@ -375,7 +375,8 @@ def link_reused(plan: HierarchyPlan, steps: list[Step], dry_run: bool = False) -
         if not any(fnmatch.fnmatchcase(step.name, pattern) for pattern in plan.reuse.runs):
             continue
         earlier = Path(plan.reuse.root) / step.out_dir.relative_to(plan.root)
-        if _is_done(step, step.out_dir) or not _is_done(step, earlier):
+        begun = step.out_dir if step.stage == "dagger-data" else step.out_dir / "checkpoints"
+        if begun.exists() or begun.is_symlink() or not _is_done(step, earlier):
             continue
         reused[step.name] = earlier
         if dry_run:
