@@ -379,7 +379,7 @@ def _done_run(folder: Path, steps: int) -> None:
     (folder / "config.yaml").write_text("{}\n")
 
 
-def test_a_plan_reuses_an_earlier_plans_done_runs_by_linking_them(tmp_path, capsys):
+def test_a_plan_reuses_an_earlier_plans_done_runs_by_linking_them(tmp_path):
     from wamdiff_training.hierarchy import link_reused, run
 
     old, new = tmp_path / "old", tmp_path / "new"

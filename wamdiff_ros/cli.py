@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.decoding.unmask import SCHEDULES
 from wamdiff_ros.errors import WamDiffError
 from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP
@@ -34,7 +35,8 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-size", type=int, default=None, help="B (default: the checkpoint's, at most 32)")
     parser.add_argument("--steps", type=int, default=None, help="denoising steps per block, at most (default 32)")
-    parser.add_argument("--threshold", type=float, default=None, help="confidence threshold (default 0.8)")
+    parser.add_argument("--threshold", type=float, default=None, help="confidence threshold (default "
+                        f"{DecodeSettings().threshold:g})")
     parser.add_argument("--schedule", choices=SCHEDULES, default=None)
     parser.add_argument("--no-constraint", action="store_true", help="do not constrain the plan to its grammar")
 
