@@ -71,6 +71,10 @@ def test_the_card_describes_the_plan_that_trained_the_model(tmp_path):
     v4 = export.stages_text(str(plan.with_name("tiny_hierarchy_v4.yaml")))  # a continuation with recoveries
     assert "1500 steps continuing `out/tiny_hierarchy_v3/teacher/dagger/r04`" in v4
     assert "plus 4 earlier exports" in v4 and "2000 lane recovery frames per scenario (all;" in v4
+    assert "cross-entropy" not in v4 and "reuse" not in v4
+    v6 = export.stages_text(str(plan.with_name("tiny_hierarchy_v6.yaml")))  # v4's runs reused, Stage III anchored
+    assert "into this student (400 steps, plus 1 × cross-entropy to the ground truth)" in v6
+    assert "student/distill" in v6 and "under `out/tiny_hierarchy_v4` and taken over (`reuse`)" in v6
     assert train_main(["export", "--checkpoint", str(run), "--out", str(out), "--plan", str(tmp_path / "no.yaml")]) == 2
 
 

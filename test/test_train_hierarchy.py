@@ -145,6 +145,24 @@ def test_ar_in_place_weight_reaches_every_ar_run_and_no_other(tmp_path):
     assert load_config(CONFIGS / "tiny_ar.yaml", ar.overrides).ar.in_place_weight == 0.0
 
 
+def test_cross_scale_ce_weight_reaches_stage_three_and_its_ablations_only(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({"root": str(tmp_path / "h"), "cross_scale_ce_weight": 1.5}))
+    steps = plan_steps(load_plan(path))
+    anchored = {s.name for s in steps if "cross_scale.ce_weight=1.5" in s.overrides}
+    assert anchored == {"student/cross_scale", "student/ablation/ar_teacher", "student/ablation/fkl",
+                        "student/ablation/rkl"}
+    final = next(s for s in steps if s.name == "student/cross_scale")
+    plain = [o for o in final.overrides if "=@run:" not in o]
+    assert load_config(CONFIGS / "tiny_cross_scale.yaml", plain).cross_scale.ce_weight == 1.5
+    path.write_text(yaml.safe_dump({"root": str(tmp_path / "g")}))  # default 0: no override, earlier runs unchanged
+    assert not any(o.startswith("cross_scale.ce_weight") for s in plan_steps(load_plan(path)) for o in s.overrides)
+    for bad in (-1.0, "a lot"):
+        path.write_text(yaml.safe_dump({"root": str(tmp_path / "g"), "cross_scale_ce_weight": bad}))
+        with pytest.raises(ConfigError, match="cross_scale_ce_weight"):
+            load_plan(path)
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("tiny_hierarchy*.yaml")))
 def test_shipped_plans_load_and_every_step_makes_a_valid_config(name):
     plan = load_plan(CONFIGS / name)

@@ -99,9 +99,13 @@ def stages_text(plan_path: str | None) -> str:
                      f"{plan.curriculum[-1]} model ({a.steps} steps at that B)")
     parts.append(f"Stage II block-wise distillation ({plan.distill_steps} steps; each model's B = "
                  f"{plan.distill_teacher_block} phase teaches its B = {plan.curriculum[-1]} phase, symmetric JSD)")
+    anchor = f", plus {plan.cross_scale_ce_weight:g} × cross-entropy to the ground truth" \
+        if plan.cross_scale_ce_weight else ""
     parts.append(f"Stage III cross-scale distillation from the teacher's B = {plan.curriculum[-1]} model into this "
-                 f"student ({plan.cross_scale_steps} steps)")
-    return f"- Stages (`wamdiff-train hierarchy --plan {plan_path}`): " + " -> ".join(parts) + "."
+                 f"student ({plan.cross_scale_steps} steps{anchor})")
+    reused = "" if plan.reuse is None else (f" The runs {', '.join(plan.reuse.runs)} were trained by the plan "
+                                            f"under `{plan.reuse.root}` and taken over (`reuse`).")
+    return f"- Stages (`wamdiff-train hierarchy --plan {plan_path}`): " + " -> ".join(parts) + "." + reused
 
 
 def _ar_text(plan, model) -> str:

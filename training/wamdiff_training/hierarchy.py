@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import logging
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,6 +117,9 @@ class HierarchyPlan:
     distill_teacher_block: int = 8
     distill_steps: int = 200
     cross_scale_steps: int = 200
+    # Stage III's cross_scale.ce_weight (student/cross_scale and its three ablations): + λ × cross-entropy to the
+    # ground truth beside the divergence to the teacher; 0 is the paper's pure distillation
+    cross_scale_ce_weight: float = 0.0
     dagger: DaggerPlan | None = None
     adapt_dagger: DaggerPlan | None = None  # rounds driven by each model's B = 32 model, after its Stage I
     ablations: bool = True  # the student's ablation runs after the main chain (see plan_steps)
@@ -158,6 +162,9 @@ def load_plan(path: str | Path) -> HierarchyPlan:
                                   f"unknown key; known: {', '.join(kind.__slots__)}")
             raw[key] = kind(**raw[key])
     plan = HierarchyPlan(**raw)
+    w = plan.cross_scale_ce_weight
+    if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+        raise ConfigError(str(path), "cross_scale_ce_weight", f"must be a finite number >= 0, got {w!r}")
     for who, other in (("teacher", "student"), ("student", "teacher")):
         lender = getattr(plan, who).dagger_from
         if lender is not None and lender != other:
@@ -228,7 +235,8 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
                       plan.cross_scale_steps, [
                           *common, f"model.init=@run:{root / 'student' / 'distill'}",
                           f"cross_scale.teacher=@run:{root / 'teacher' / 'distill'}",
-                          "cross_scale.teacher_kind=diffusion", f"cross_scale.block_size={plan.curriculum[-1]}"]))
+                          "cross_scale.teacher_kind=diffusion", f"cross_scale.block_size={plan.curriculum[-1]}",
+                          *_ce_weight(plan)]))
     if plan.ablations:
         steps += ablation_steps(plan, common)
     return steps
@@ -238,6 +246,12 @@ def ar_run(plan: HierarchyPlan, who: str) -> Path:
     """``who``'s final AR model: its last DAgger round, or its AR pretraining run when the plan has none."""
     root = Path(plan.root) / who
     return root / "ar" if plan.dagger is None else root / "dagger" / f"r{plan.dagger.rounds:02d}"
+
+
+def _ce_weight(plan: HierarchyPlan) -> list[str]:
+    """Stage III's ground-truth anchor as an override; none at 0 (the config default), so earlier plans' runs keep
+    their settings."""
+    return [f"cross_scale.ce_weight={plan.cross_scale_ce_weight}"] if plan.cross_scale_ce_weight else []
 
 
 def _union(files: list[Path]) -> str:
@@ -313,7 +327,7 @@ def ablation_steps(plan: HierarchyPlan, common: list[str]) -> list[Step]:
     root = Path(plan.root)
     student, teacher, ablation = root / "student", root / "teacher", root / "student" / "ablation"
     big = plan.curriculum[-1]
-    cross = [*common, f"model.init=@run:{student / 'distill'}", f"cross_scale.block_size={big}"]
+    cross = [*common, f"model.init=@run:{student / 'distill'}", f"cross_scale.block_size={big}", *_ce_weight(plan)]
     return [
         Step("student/ablation/direct", "adapt", "tiny_adapt", ablation / "direct",
              sum(adapt_schedule(plan, plan.student)),
