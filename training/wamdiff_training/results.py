@@ -29,7 +29,7 @@ log = logging.getLogger("wamdiff_training")
 
 SCHEMA = 1
 PIECES = ("runs", "open_loop", "ablation", "divergence", "overlap", "closed_loop")
-DEFAULT_THRESHOLD = 0.8  # DecodeSettings().threshold (checked by the test): the shipped decode setting
+DEFAULT_THRESHOLD = 0.7  # DecodeSettings().threshold (checked by the test): the shipped decode setting
 SWEEP = (0.95, 0.9, 0.8, 0.7, 0.5, 0.3)
 PHASES = (4, 8, 16, 32)
 K = 5
