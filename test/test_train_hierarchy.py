@@ -157,7 +157,7 @@ def test_cross_scale_ce_weight_reaches_stage_three_and_its_ablations_only(tmp_pa
     assert load_config(CONFIGS / "tiny_cross_scale.yaml", plain).cross_scale.ce_weight == 1.5
     path.write_text(yaml.safe_dump({"root": str(tmp_path / "g")}))  # default 0: no override, earlier runs unchanged
     assert not any(o.startswith("cross_scale.ce_weight") for s in plan_steps(load_plan(path)) for o in s.overrides)
-    for bad in (-1.0, "a lot"):
+    for bad in (-1.0, "a lot", True):
         path.write_text(yaml.safe_dump({"root": str(tmp_path / "g"), "cross_scale_ce_weight": bad}))
         with pytest.raises(ConfigError, match="cross_scale_ce_weight"):
             load_plan(path)

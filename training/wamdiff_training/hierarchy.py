@@ -163,7 +163,7 @@ def load_plan(path: str | Path) -> HierarchyPlan:
             raw[key] = kind(**raw[key])
     plan = HierarchyPlan(**raw)
     w = plan.cross_scale_ce_weight
-    if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+    if isinstance(w, bool) or not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
         raise ConfigError(str(path), "cross_scale_ce_weight", f"must be a finite number >= 0, got {w!r}")
     for who, other in (("teacher", "student"), ("student", "teacher")):
         lender = getattr(plan, who).dagger_from
