@@ -93,8 +93,8 @@ data: $(STAMP)
 # The tiny training hierarchy (never in CI; hours on this CPU): world data -> AR teacher + student -> Stage I-III.
 # Resumable: run it again after a kill. PLAN is the shipped recipe (v6); another, e.g.
 # PLAN=training/configs/tiny_hierarchy.yaml. The targets below read the plan's root folder (its `root:` line).
-# v6 reuses v4's runs through Stage II and v4 continues v3's AR models on v3's data, so for the shipped plan the
-# earlier plans' runs come first, each only as far as the next plan reads it. Another PLAN runs alone.
+# v6 reuses v4's runs through Stage II (its `reuse.plan` trains them first where missing) and v4 continues v3's AR
+# models on v3's data, so for the shipped plan the v3 runs v4 reads come first. Another PLAN runs alone.
 SHIPPED_PLAN := training/configs/tiny_hierarchy_v6.yaml
 PLAN ?= $(SHIPPED_PLAN)
 PLAN_ROOT = $(shell sed -n 's/^root: *\([^ #]*\).*/\1/p' $(PLAN))
@@ -102,8 +102,6 @@ train-tiny: $(STAMP)
 ifeq ($(PLAN),$(SHIPPED_PLAN))
 	$(VENV)/bin/wamdiff-train hierarchy --plan training/configs/tiny_hierarchy_v3.yaml \
 		--only 'student/ar,student/dagger/*,teacher/ar,teacher/dagger/*'
-	$(VENV)/bin/wamdiff-train hierarchy --plan training/configs/tiny_hierarchy_v4.yaml \
-		--only 'student/ar,student/adapt/*,student/adapt_dagger/*,student/distill,student/ablation/direct,teacher/*'
 endif
 	$(VENV)/bin/wamdiff-train hierarchy --plan $(PLAN)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -435,3 +436,33 @@ def test_a_plan_reuses_an_earlier_plans_done_runs_by_linking_them(tmp_path):
     assert set(link_reused(plan, plan_steps(plan))) == {"teacher/adapt/b04"}
     assert not (new / "teacher" / "adapt" / "b01" / "config.yaml").exists()
     assert (old / "student" / "ar" / "checkpoints" / "latest").read_text() == "step-000002\n"  # left as it was
+
+
+def test_reuse_plan_trains_the_earlier_plans_runs_first_and_names_its_root(tmp_path, monkeypatch):
+    import wamdiff_training.hierarchy as hierarchy
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    for root in (old, new):
+        (root / "data").mkdir(parents=True)
+        for split in ("train", "test"):
+            (root / "data" / f"{split}.json").write_text("[]")
+    _done_run(old / "student" / "ar", 2)  # what the earlier plan's own run leaves behind
+    earlier = tmp_path / "earlier.yaml"
+    earlier.write_text(yaml.safe_dump({"root": str(old), "ar_steps": 2}))
+    (tmp_path / "later").mkdir()
+    plan = load_plan_from(tmp_path / "later", {"root": str(new), "ar_steps": 2,
+                                               "reuse": {"plan": str(earlier), "runs": ["student/ar"]}})
+    assert plan.reuse.root == str(old)  # derived from the earlier plan
+    calls = []
+    real = hierarchy.run
+    monkeypatch.setattr(hierarchy, "run", lambda p, *a, **k: calls.append((p.root, k.get("only"))) or real(p, *a, **k))
+    report = {name: what for name, what, _ in hierarchy.run(plan, progress=False, only=["student/ar"])}
+    assert calls[1] == (str(old), ["student/ar"])  # the earlier plan, only the reused runs, before this one's steps
+    assert report == {"student/ar": f"reused from {old / 'student' / 'ar'}"}
+    assert (new / "student" / "ar" / "checkpoints").is_symlink()
+    hierarchy.run(plan, dry_run=True, only=["student/ar"])  # a dry run trains nothing anywhere
+    assert len(calls) == 3
+    for reuse, message in (({"runs": ["student/ar"]}, "reuse.plan"),
+                           ({"plan": str(earlier), "root": str(tmp_path / "x"), "runs": []}, "not reuse.plan's root")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_plan_from(tmp_path / "later", {"root": str(new), "reuse": reuse})

@@ -93,10 +93,13 @@ class RecoveryPlan:
 class ReusePlan:
     """Runs taken over from an earlier plan's root instead of trained again: a step whose name matches one of
     ``runs`` (globs) and that is done under ``root`` is linked into this plan's root before the steps run (its
-    files, one symlink each, so a run's DAgger export beside it links on its own), and is then done here too."""
+    files, one symlink each, so a run's DAgger export beside it links on its own), and is then done here too. With
+    ``plan`` (the earlier plan file; ``root`` is then its root) those of its steps run first, so a fresh machine
+    trains them there before they are linked."""
 
-    root: str
+    root: str = ""  # default: the root of ``plan``
     runs: list[str] = field(default_factory=list)
+    plan: str | None = None  # the plan file that trains them: its matching steps run first (none when done)
 
 
 @dataclass(slots=True)
@@ -165,6 +168,13 @@ def load_plan(path: str | Path) -> HierarchyPlan:
     w = plan.cross_scale_ce_weight
     if isinstance(w, bool) or not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
         raise ConfigError(str(path), "cross_scale_ce_weight", f"must be a finite number >= 0, got {w!r}")
+    if plan.reuse is not None:
+        earlier = None if plan.reuse.plan is None else load_plan(plan.reuse.plan).root
+        if earlier is None and not plan.reuse.root:
+            raise ConfigError(str(path), "reuse", "name the earlier plan (reuse.plan) or its root (reuse.root)")
+        if earlier is not None and plan.reuse.root and Path(plan.reuse.root) != Path(earlier):
+            raise ConfigError(str(path), "reuse.root", f"{plan.reuse.root} is not reuse.plan's root {earlier}")
+        plan.reuse.root = plan.reuse.root or earlier
     for who, other in (("teacher", "student"), ("student", "teacher")):
         lender = getattr(plan, who).dagger_from
         if lender is not None and lender != other:
@@ -431,6 +441,8 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
     from wamdiff_training.stages import STAGES
 
     report = []
+    if plan.reuse is not None and plan.reuse.plan is not None and not dry_run:  # the earlier plan's runs first
+        run(load_plan(plan.reuse.plan), progress, only=plan.reuse.runs)
     if not dry_run:
         ensure_data(plan, progress)
     steps = plan_steps(plan)
