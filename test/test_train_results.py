@@ -277,7 +277,12 @@ def test_evaluate_again_keeps_and_adds_only_what_is_new(evaluated, fake, short_s
     calls = []
     real = evaluation.evaluate
     monkeypatch.setattr(evaluation, "evaluate", lambda args, argv: calls.append(args.checkpoint) or real(args, argv))
-    _run_folder(fake["root"], "student/adapt/b16", fake["ckpt"] / "b32")
+    if not (fake["ckpt"] / "b16").exists():  # weights of its own: the same weights would be kept (another test)
+        block = tiny_random(seed=3, meta=DecodeMeta(trained_block_size=32))
+        with torch.no_grad():
+            block.model.model.language_model.norm.weight.mul_(LOGIT_SCALE)
+        save_checkpoint(block, fake["ckpt"] / "b16")
+    _run_folder(fake["root"], "student/adapt/b16", fake["ckpt"] / "b16")
     try:  # a run that appeared since: evaluated alone
         assert train_main(_evaluate_argv(fake, out, short_scenario_file, "--only", "open_loop")) == 0
     finally:
@@ -410,3 +415,46 @@ def test_a_continuation_plans_held_out_data_is_the_earlier_export_it_reads(tmp_p
     assert results.data_folder(None, tmp_path / "v4") == tmp_path / "v4" / "data"
     with pytest.raises(results.ResultsError, match=str(tmp_path / "v3" / "data" / "test.json")):
         results.data_subset(tmp_path / "v3" / "data", tmp_path / "work", 4)
+
+
+def test_a_plan_that_links_the_runs_under_another_root_keeps_their_entries(evaluated, fake, short_scenario_file,
+                                                                            monkeypatch):
+    """A plan's ``reuse`` links an earlier plan's runs into its own root: their entries stand for the same weights,
+    so nothing is evaluated again; the kept entries name the new root's checkpoints."""
+    root = fake["base"] / "root_reuse"
+    shutil.copytree(fake["root"], root, symlinks=True, ignore=shutil.ignore_patterns("data"))
+    plan = fake["base"] / "plan_reuse.yaml"
+    plan.write_text(PLAN + f"data: {fake['root'] / 'data'}\n")  # the same held-out export
+    out = fake["base"] / "results_reuse"
+    shutil.copytree(evaluated, out)
+    from wamdiff_ros.world import evaluate as closed_loop_cli
+    from wamdiff_training import evaluation
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("evaluated again")
+
+    for module, name in ((evaluation, "evaluate"), (evaluation, "teacher_forced"), (closed_loop_cli, "main")):
+        monkeypatch.setattr(module, name, refuse)
+    argv = _evaluate_argv(fake, out, short_scenario_file)
+    argv[argv.index("--root") + 1], argv[argv.index("--plan") + 1] = str(root), str(plan)
+    assert train_main(argv) == 0
+    for name in ("open_loop", "ablation", "divergence", "overlap", "closed_loop"):
+        before, after = _load(evaluated, name)["entries"], _load(out, name)["entries"]
+        assert after.keys() == before.keys(), name
+        for key, entry in after.items():
+            old = before[key]
+            if old.get("status") != "ok":  # not run: the reason names the new root's folder
+                assert entry["status"] == old["status"] and str(root) in entry["reason"]
+                continue
+            if old.get("checkpoint") is None:  # the baselines
+                assert entry == old
+                continue
+            assert entry["checkpoint"].startswith(str(root)) and entry["weights"] == old["weights"], (name, key)
+            same = {k: v for k, v in entry.items() if k not in ("checkpoint", "teacher", "rho")}
+            assert same == {k: v for k, v in old.items() if k not in ("checkpoint", "teacher", "rho")}, (name, key)
+            if (entry.get("rho") or {}).get("teacher"):
+                assert entry["rho"]["teacher"].startswith(str(root)), (name, key)
+                assert entry["rho"]["value"] == old["rho"]["value"]
+            if entry.get("teacher"):
+                assert entry["teacher"].startswith(str(root))
+    assert _load(out, "open_loop")["settings"]["root"] == str(root)

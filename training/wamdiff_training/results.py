@@ -244,8 +244,9 @@ def data_subset(data: Path, work: Path, max_samples: int | None) -> dict:
 
 
 class Evaluator:
-    """``wamdiff-train eval`` in process, one checkpoint at a time; results cached by (checkpoint, teacher) so a
-    checkpoint that appears in several pieces decodes once (a threshold subset reuses a sweep's rows)."""
+    """``wamdiff-train eval`` in process, one checkpoint at a time; results cached by the weights of (checkpoint,
+    rho teacher), so a checkpoint that appears in several pieces, or under another root that links the same run
+    (a plan's ``reuse``), decodes once (a threshold subset reuses a sweep's rows)."""
 
     def __init__(self, data: dict, work: Path, seed: int = 0) -> None:
         self.data, self.work, self.seed = data, work, seed
@@ -255,16 +256,20 @@ class Evaluator:
         """Cache an entry, only while it still describes its checkpoint's weights (a logged entry of a run that was
         trained again in the same folder must not answer for the new weights)."""
         if entry.get("status") == "ok" and entry.get("weights") == weights_id(entry["checkpoint"]):
-            self.cache[(entry["checkpoint"], (entry.get("rho") or {}).get("teacher"))] = entry
+            teacher = (entry.get("rho") or {}).get("teacher")
+            if teacher is None or entry.get("rho_teacher_weights") == weights_id(teacher):
+                self.cache[(entry["weights"], teacher and entry["rho_teacher_weights"])] = entry
 
     def open_loop(self, checkpoint: str, thresholds: Iterable[float], teacher: str | None) -> dict:
         thresholds = list(thresholds)
-        cached = self.cache.get((checkpoint, teacher))
+        cached = self.cache.get((weights_id(checkpoint), teacher and weights_id(teacher)))
         if cached is not None:
             rows = {r["threshold"]: r for r in cached["plan"]}
             ar = cached["decode"]["mode"] == "ar"
             if cached["decode"]["threshold"] == thresholds[0] and (ar or all(t in rows for t in thresholds)):
-                return {**cached, "plan": list(rows.values()) if ar else [rows[t] for t in thresholds]}
+                rho = cached["rho"] and {**cached["rho"], "teacher": teacher}  # the same weights under this path
+                return {**cached, "checkpoint": checkpoint, "step": step_of(checkpoint), "rho": rho,
+                        "plan": list(rows.values()) if ar else [rows[t] for t in thresholds]}
         from transformers.utils import logging as hf_logging
 
         from wamdiff_training import evaluation
@@ -274,7 +279,8 @@ class Evaluator:
                 "--thresholds", ",".join(f"{t:g}" for t in thresholds), "--k", str(K), "--seed", str(self.seed),
                 *(["--teacher", teacher] if teacher else []), "--out", str(self.work / "eval"), "--no-progress"]
         result = evaluation.evaluate(evaluation.parser().parse_args(argv), argv)
-        entry = {**compact_eval(result["checkpoints"][0], result), "weights": weights_id(checkpoint)}
+        entry = {**compact_eval(result["checkpoints"][0], result), "weights": weights_id(checkpoint),
+                 "rho_teacher_weights": teacher and weights_id(teacher)}
         self.remember(entry)
         return entry
 
@@ -323,32 +329,46 @@ def compact_eval(e: dict, result: dict) -> dict:
 
 @dataclass(slots=True)
 class Piece:
-    """One results JSON being (re)built entry by entry; written after every entry, so a kill loses one at most."""
+    """One results JSON being (re)built entry by entry; written after every entry, so a kill loses one at most.
+
+    Entries are kept across runs while the settings hold, apart from the root: an entry stands for the weights it
+    was computed from, so a plan whose root links an earlier plan's runs (``reuse``) keeps their entries.
+    ``source`` is the held-out file the open-loop pieces decode (None for the closed loop); it must not change."""
 
     name: str
     path: Path
     settings: dict
     force: bool
+    source: str | None = None
     data: dict | None = None
     kept: int = 0
 
     def __post_init__(self) -> None:
         old = None if self.force else read_json(self.path)
-        if old is not None and old.get("settings") != clean(self.settings):
-            log.info("results: %s: settings changed (%s -> %s), evaluating again", self.name, old.get("settings"),
-                     clean(self.settings))
-            old = None
+        if old is not None:
+            was = {k: v for k, v in (old.get("settings") or {}).items() if k != "root"}
+            now = {k: v for k, v in clean(self.settings).items() if k != "root"}
+            if was != now or (old.get("data") or {}).get("file") != self.source:
+                log.info("results: %s: settings changed (%s -> %s), evaluating again", self.name,
+                         {**was, "data": (old.get("data") or {}).get("file")}, {**now, "data": self.source})
+                old = None
         self.data = {"piece": self.name, "schema": SCHEMA, "settings": self.settings,
                      "entries": {} if old is None else old.get("entries", {})}
 
     def current(self, key: str, checkpoint: str | None) -> dict | None:
-        """The stored entry when it is done and still describes ``checkpoint``: same folder and same weights (a run
-        trained again writes the same step folder with other weights)."""
+        """The stored entry when it is done and still describes ``checkpoint``'s weights (a run trained again writes
+        the same step folder with other weights); one computed from the same weights under another path (the run
+        linked into this root) is kept with this path."""
         entry = self.data["entries"].get(key)
-        if entry is None or entry.get("status") != "ok" or entry.get("checkpoint") != checkpoint:
+        if entry is None or entry.get("status") != "ok" or (entry.get("checkpoint") is None) != (checkpoint is None):
             return None
-        if checkpoint is not None and entry.get("weights") != weights_id(checkpoint):
+        if checkpoint is None or entry.get("checkpoint") == checkpoint:
+            return entry if checkpoint is None or entry.get("weights") == weights_id(checkpoint) else None
+        if entry.get("weights") is None or entry.get("weights") != weights_id(checkpoint):
             return None
+        log.info("results: %s/%s: the weights of %s, kept from %s", self.name, key, checkpoint, entry["checkpoint"])
+        entry = {**entry, "checkpoint": checkpoint, "step": step_of(checkpoint)}
+        self.data["entries"][key] = entry
         return entry
 
     def put(self, key: str, entry: dict) -> None:
@@ -397,8 +417,8 @@ def _eval_entries(piece: Piece, targets: Iterable[Target], root: Path, evaluator
             continue
         want = teacher(target)
         if (kept := piece.current(target.key, ckpt)) is not None:
-            have = ((kept.get("rho") or {}).get("teacher"), kept.get("rho_teacher_weights"))
-            if have != (want, want and weights_id(want)):  # the rho teacher appeared or changed: only rho again
+            have = ((kept.get("rho") or {}).get("teacher") is not None, kept.get("rho_teacher_weights"))
+            if have != (want is not None, want and weights_id(want)):  # the rho teacher appeared or changed: rho again
                 log.info("results: %s/%s: rho%d against %s (was %s)", piece.name, target.key, K, want, have)
                 try:
                     kept = {**kept, "rho": evaluator.rho(ckpt, want)["rho"] if want else None,
@@ -408,6 +428,9 @@ def _eval_entries(piece: Piece, targets: Iterable[Target], root: Path, evaluator
                     kept = {**kept, "rho": None}
                 piece.put(target.key, kept)
             else:
+                if want and kept["rho"]["teacher"] != want:  # the same teacher weights, linked into this root
+                    kept = {**kept, "rho": {**kept["rho"], "teacher": want}}
+                    piece.put(target.key, kept)
                 log.info("results: %s/%s: kept (%s)", piece.name, target.key, ckpt)
             evaluator.remember(kept)
             piece.kept += 1
@@ -431,7 +454,7 @@ def evaluate_open_loop(root: Path, out: Path, evaluator: Evaluator, force: bool,
                        targets: tuple[Target, ...] = OPEN_LOOP) -> dict:
     piece = Piece("open_loop", out / "open_loop.json", {**settings, "sweep": list(SWEEP),
                                                         "threshold": DEFAULT_THRESHOLD, "rho_teacher": RHO_TEACHER},
-                  force)
+                  force, evaluator.data["file"])
     sweep = [DEFAULT_THRESHOLD, *(t for t in SWEEP if t != DEFAULT_THRESHOLD)]  # the first decodes detect / ask
     _eval_entries(piece, targets, root, evaluator,
                   lambda t: sweep if t.key == SWEPT else [DEFAULT_THRESHOLD], lambda t: _teacher_for(root, t))
@@ -441,14 +464,14 @@ def evaluate_open_loop(root: Path, out: Path, evaluator: Evaluator, force: bool,
 def evaluate_fixed(name: str, targets: tuple[Target, ...], root: Path, out: Path, evaluator: Evaluator, force: bool,
                    settings: dict) -> dict:
     piece = Piece(name, out / f"{name}.json", {**settings, "threshold": DEFAULT_THRESHOLD, "block_size": 32,
-                                               "rho_teacher": RHO_TEACHER}, force)
+                                               "rho_teacher": RHO_TEACHER}, force, evaluator.data["file"])
     _eval_entries(piece, targets, root, evaluator, lambda t: [DEFAULT_THRESHOLD], lambda t: _teacher_for(root, t))
     return piece.finish([t.key for t in targets], {"data": evaluator.data})
 
 
 def evaluate_overlap(root: Path, out: Path, evaluator: Evaluator, force: bool, settings: dict,
                      teachers: tuple[Target, ...] = OVERLAP_TEACHERS) -> dict:
-    piece = Piece("overlap", out / "overlap.json", {**settings, "k": K}, force)
+    piece = Piece("overlap", out / "overlap.json", {**settings, "k": K}, force, evaluator.data["file"])
     keys = []
     for s in OVERLAP_STUDENTS:
         for t in teachers:
@@ -463,8 +486,11 @@ def evaluate_overlap(root: Path, out: Path, evaluator: Evaluator, force: bool, s
                 log.info("results: overlap/%s: not run (%s)", key, why or why_t)
                 continue
             kept = piece.current(key, ckpt)
-            same_teacher = kept is not None and kept.get("teacher") == teacher
-            if same_teacher and kept.get("teacher_weights") == weights_id(teacher):
+            if kept is not None and kept.get("teacher_weights") == weights_id(teacher):
+                if kept.get("teacher") != teacher:  # the same teacher weights, linked into this root
+                    rho = kept.get("rho")
+                    rho = {**rho, "teacher": teacher} if isinstance(rho, dict) and "teacher" in rho else rho
+                    piece.put(key, {**kept, "teacher": teacher, "teacher_step": step_of(teacher), "rho": rho})
                 piece.kept += 1
                 continue
             log.info("results: overlap/%s: rho%d of %s against %s", key, K, ckpt, teacher)
@@ -740,7 +766,7 @@ def evaluate_all(args: argparse.Namespace) -> dict[str, str]:
         for name in ("open_loop", "ablation", "divergence"):  # earlier pieces' entries seed the cache
             old = read_json(out / f"{name}.json")
             if old is not None and not args.force and old.get("settings", {}).get("max_samples") == args.max_samples \
-                    and old.get("settings", {}).get("root") == str(root):
+                    and (old.get("data") or {}).get("file") == evaluator.data["file"]:  # any root: keyed by weights
                 for entry in old.get("entries", {}).values():
                     evaluator.remember(entry)
         for name in open_pieces:
