@@ -164,6 +164,26 @@ def test_cross_scale_ce_weight_reaches_stage_three_and_its_ablations_only(tmp_pa
             load_plan(path)
 
 
+def test_cross_scale_block_share_mixes_the_students_block_teacher_into_stage_three_only(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({"root": str(tmp_path / "h"), "cross_scale_block_share": 0.5}))
+    steps = plan_steps(load_plan(path))
+    mixed = {s.name for s in steps if "cross_scale.block_teacher_share=0.5" in s.overrides}
+    assert mixed == {"student/cross_scale", "student/ablation/ar_teacher", "student/ablation/fkl",
+                     "student/ablation/rkl"}
+    final = next(s for s in steps if s.name == "student/cross_scale")
+    assert f"cross_scale.block_teacher=@run:{tmp_path / 'h' / 'student' / 'adapt' / 'b08'}" in final.overrides
+    plain = [o.replace("=@run:", "=") for o in final.overrides]  # each run's folder for its checkpoint
+    section = load_config(CONFIGS / "tiny_cross_scale.yaml", plain).cross_scale
+    assert (section.block_teacher_block_size, section.block_teacher_share) == (8, 0.5)
+    path.write_text(yaml.safe_dump({"root": str(tmp_path / "g")}))  # default 0: no override, earlier runs unchanged
+    assert not any(o.startswith("cross_scale.block_teacher") for s in plan_steps(load_plan(path)) for o in s.overrides)
+    for bad in (-0.1, 1.5, "half", True):
+        path.write_text(yaml.safe_dump({"root": str(tmp_path / "g"), "cross_scale_block_share": bad}))
+        with pytest.raises(ConfigError, match="cross_scale_block_share"):
+            load_plan(path)
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("tiny_hierarchy*.yaml")))
 def test_shipped_plans_load_and_every_step_makes_a_valid_config(name):
     plan = load_plan(CONFIGS / name)

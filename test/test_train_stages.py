@@ -382,6 +382,35 @@ def test_cross_scale_takes_a_larger_teacher_of_either_kind(samples):
     assert student.model.lm_head.weight.grad is not None
 
 
+def test_a_mixed_teacher_scores_the_mixture_of_both_models_probabilities(samples, tiny_bundle):
+    """cross_scale.block_teacher_share: p = (1 - a) p_teacher + a p_block on the same states, as log-probabilities;
+    the loss then trains towards that mixture and neither model gets a gradient."""
+    student = tiny_random(seed=6, hidden=64, layers=2)
+    big = distill.DiffusionTeacher(tiny_random(seed=7).model, 32, 4, student.eos_token_id)
+    small = distill.DiffusionTeacher(tiny_random(seed=12).model, 8, 4, student.eos_token_id)
+    stage = cross_scale.CrossScaleStage(big, 32, **_ids(student), rollout=Rollout(max_steps=2), generator=_gen(3))
+    states = stage.states(student.model, samples)
+    p_big, p_small = (torch.softmax(t.logits(states).float(), -1) for t in (big, small))
+    mixed = cross_scale.MixedTeacher(big, small, 0.25)
+    assert torch.allclose(mixed.logits(states).exp(), 0.75 * p_big + 0.25 * p_small, atol=1e-6)
+    assert torch.allclose(cross_scale.MixedTeacher(big, small, 1.0).logits(states).exp(), p_small, atol=1e-6)
+    stage.teacher = mixed
+    loss, _ = stage.loss(student.model, samples, 0)
+    loss.backward()
+    assert math.isfinite(float(loss.detach())) and student.model.lm_head.weight.grad is not None
+    assert all(p.grad is None for t in (big, small) for p in t.model.parameters())
+    with pytest.raises(ValueError, match="block_teacher_share"):
+        cross_scale.MixedTeacher(big, small, 0.0)
+    section = dataclasses.replace(cfg.CrossScaleSection(), teacher="tiny-random", teacher_block_size=32,
+                                  block_teacher="tiny-random", block_teacher_block_size=8, block_teacher_share=0.5)
+    built = cross_scale.from_config(SimpleNamespace(cross_scale=section), tiny_bundle).teacher
+    assert isinstance(built, cross_scale.MixedTeacher) and built.block.block_size == 8 and built.share == 0.5
+    for bad, message in (({"block_teacher_share": 1.5}, r"block_teacher_share: must be in \[0, 1\]"),
+                         ({"block_teacher_share": 0.5}, "block_teacher: must name a checkpoint")):
+        with pytest.raises(cfg.ConfigError, match=message):
+            cfg.from_dict({"data": {"train": ["x.json"]}, "cross_scale": bad})
+
+
 def _stage(kind: str, bundle):
     if kind == "adapt":
         return adapt.AdaptStage(8, **_ids(bundle))

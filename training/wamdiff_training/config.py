@@ -30,7 +30,8 @@ TURNS = ("all", "first")
 RESUME_NEUTRAL = {"out", "data.cache_size"}
 # Fields added after runs were made, with the value that means "as before": left out of the fingerprint while they
 # hold it, so a run checkpointed before the field existed still resumes.
-ADDED_DEFAULTS = {"ar.in_place_weight": 0.0}
+ADDED_DEFAULTS = {"ar.in_place_weight": 0.0, "cross_scale.block_teacher": "", "cross_scale.block_teacher_block_size": None,
+                  "cross_scale.block_teacher_share": 0.0}
 
 
 class ConfigError(FieldError):
@@ -150,6 +151,11 @@ class CrossScaleSection(DistillSection):
     """The ``cross_scale:`` config section: ``distill``'s keys plus the teacher's kind."""
 
     teacher_kind: str = "auto"
+    # > 0: the target is mixed with a second, small-block diffusion model (the student's own Stage II block teacher):
+    # p = (1 - share) * p_teacher + share * p_block_teacher on the same states; 0 (the paper): the teacher alone
+    block_teacher: str = ""
+    block_teacher_block_size: int | None = None  # None: the block teacher's trained_block_size
+    block_teacher_share: float = 0.0
 
 
 @dataclass(slots=True)
@@ -267,6 +273,11 @@ def validate(config: Config) -> Config:
     _require(s, o.log_every >= 1, "out.log_every", f"must be >= 1, got {o.log_every}")
     w = config.ar.in_place_weight
     _require(s, math.isfinite(w) and w >= 0, "ar.in_place_weight", f"must be finite and >= 0, got {w}")
+    c = config.cross_scale
+    _require(s, 0 <= c.block_teacher_share <= 1, "cross_scale.block_teacher_share",
+             f"must be in [0, 1], got {c.block_teacher_share}")
+    _require(s, c.block_teacher_share == 0 or c.block_teacher != "", "cross_scale.block_teacher",
+             f"must name a checkpoint when block_teacher_share is {c.block_teacher_share}")
     return config
 
 

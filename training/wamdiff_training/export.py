@@ -101,6 +101,9 @@ def stages_text(plan_path: str | None) -> str:
                  f"{plan.distill_teacher_block} phase teaches its B = {plan.curriculum[-1]} phase, symmetric JSD)")
     anchor = f", plus {plan.cross_scale_ce_weight:g} × cross-entropy to the ground truth" \
         if plan.cross_scale_ce_weight else ""
+    if plan.cross_scale_block_share:
+        anchor = (f", the target mixed with {plan.cross_scale_block_share:g} of the student's own B = "
+                  f"{plan.distill_teacher_block} model{anchor}")
     parts.append(f"Stage III cross-scale distillation from the teacher's B = {plan.curriculum[-1]} model into this "
                  f"student ({plan.cross_scale_steps} steps{anchor})")
     reused = "" if plan.reuse is None else (f" The runs {', '.join(plan.reuse.runs)} were trained by the plan "

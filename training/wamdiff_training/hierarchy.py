@@ -123,6 +123,9 @@ class HierarchyPlan:
     # Stage III's cross_scale.ce_weight (student/cross_scale and its three ablations): + λ × cross-entropy to the
     # ground truth beside the divergence to the teacher; 0 is the paper's pure distillation
     cross_scale_ce_weight: float = 0.0
+    # Stage III's cross_scale.block_teacher_share (the same four runs): the target mixed with this share of the
+    # student's own B = distill_teacher_block model (its Stage II block teacher); 0: the teacher alone (the paper)
+    cross_scale_block_share: float = 0.0
     dagger: DaggerPlan | None = None
     adapt_dagger: DaggerPlan | None = None  # rounds driven by each model's B = 32 model, after its Stage I
     ablations: bool = True  # the student's ablation runs after the main chain (see plan_steps)
@@ -168,6 +171,9 @@ def load_plan(path: str | Path) -> HierarchyPlan:
     w = plan.cross_scale_ce_weight
     if isinstance(w, bool) or not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
         raise ConfigError(str(path), "cross_scale_ce_weight", f"must be a finite number >= 0, got {w!r}")
+    a = plan.cross_scale_block_share
+    if isinstance(a, bool) or not (isinstance(a, (int, float)) and 0 <= a <= 1):
+        raise ConfigError(str(path), "cross_scale_block_share", f"must be a number in [0, 1], got {a!r}")
     if plan.reuse is not None:
         earlier = None if plan.reuse.plan is None else load_plan(plan.reuse.plan).root
         if earlier is None and not plan.reuse.root:
@@ -246,7 +252,7 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
                           *common, f"model.init=@run:{root / 'student' / 'distill'}",
                           f"cross_scale.teacher=@run:{root / 'teacher' / 'distill'}",
                           "cross_scale.teacher_kind=diffusion", f"cross_scale.block_size={plan.curriculum[-1]}",
-                          *_ce_weight(plan)]))
+                          *_ce_weight(plan), *_block_share(plan)]))
     if plan.ablations:
         steps += ablation_steps(plan, common)
     return steps
@@ -262,6 +268,16 @@ def _ce_weight(plan: HierarchyPlan) -> list[str]:
     """Stage III's ground-truth anchor as an override; none at 0 (the config default), so earlier plans' runs keep
     their settings."""
     return [f"cross_scale.ce_weight={plan.cross_scale_ce_weight}"] if plan.cross_scale_ce_weight else []
+
+
+def _block_share(plan: HierarchyPlan) -> list[str]:
+    """Stage III's mixed target as overrides (the student's Stage II block teacher and its share); none at 0."""
+    if not plan.cross_scale_block_share:
+        return []
+    b = plan.distill_teacher_block
+    small = Path(plan.root) / "student" / "adapt" / f"b{b:02d}"
+    return [f"cross_scale.block_teacher=@run:{small}", f"cross_scale.block_teacher_block_size={b}",
+            f"cross_scale.block_teacher_share={plan.cross_scale_block_share}"]
 
 
 def _union(files: list[Path]) -> str:
@@ -337,7 +353,8 @@ def ablation_steps(plan: HierarchyPlan, common: list[str]) -> list[Step]:
     root = Path(plan.root)
     student, teacher, ablation = root / "student", root / "teacher", root / "student" / "ablation"
     big = plan.curriculum[-1]
-    cross = [*common, f"model.init=@run:{student / 'distill'}", f"cross_scale.block_size={big}", *_ce_weight(plan)]
+    cross = [*common, f"model.init=@run:{student / 'distill'}", f"cross_scale.block_size={big}", *_ce_weight(plan),
+             *_block_share(plan)]
     return [
         Step("student/ablation/direct", "adapt", "tiny_adapt", ablation / "direct",
              sum(adapt_schedule(plan, plan.student)),

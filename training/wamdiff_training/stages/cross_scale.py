@@ -6,12 +6,17 @@ divergence as Stage II (``distill``). A diffusion teacher scores a state by Stag
 context before each). An AR teacher (the paper's ablation) cannot read a noisy state: its logit at position i-1
 given the clean prefix (prompt ⊕ answer[:i]) is aligned with the student's in-place logit at the masked position i,
 the alignment of ``overlap.ar_aligned_overlap`` (``ar_aligned_logits`` below).
+
+``block_teacher_share`` > 0 (not in the paper) mixes the target with a second diffusion model, the student's own
+small-block one (Stage II's block teacher): p = (1 − share) · p_teacher + share · p_block on the same states.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import math
 
 import torch
 from torch import nn
@@ -46,6 +51,32 @@ class ARTeacher:
 
 
 @dataclass(slots=True)
+class MixedTeacher:
+    """(1 − share) · p_teacher + share · p_block as log-probabilities (read as logits by the divergence)."""
+
+    teacher: DiffusionTeacher | ARTeacher
+    block: DiffusionTeacher
+    share: float
+    kind: str = "mixed"
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.share < 1.0 + 1e-12:
+            raise ValueError(f"block_teacher_share must be in (0, 1], got {self.share}")
+
+    @property
+    def parts(self) -> tuple:
+        return (self.teacher, self.block)
+
+    @torch.no_grad()
+    def logits(self, states: Sequence[NoisyState]) -> torch.Tensor:
+        big = torch.log_softmax(self.teacher.logits(states).float(), dim=-1)
+        if self.share >= 1.0:
+            return torch.log_softmax(self.block.logits(states).float(), dim=-1).to(big.device)
+        small = torch.log_softmax(self.block.logits(states).float(), dim=-1).to(big.device)
+        return torch.logaddexp(big + math.log1p(-self.share), small + math.log(self.share))
+
+
+@dataclass(slots=True)
 class CrossScaleStage(DistillStage):
     """Stage II's loss with a larger teacher (diffusion or AR); the student keeps its block size."""
 
@@ -73,4 +104,11 @@ def from_config(config, bundle: ModelBundle) -> CrossScaleStage:
     loaded = load_teacher(section.teacher, section.teacher_tiny, bundle, section.teacher_block_size,
                           ar=section.teacher_kind == "ar")
     teacher = make_teacher(loaded, section.teacher_kind, bundle.eos_token_id, section.teacher_block_size)
+    if section.block_teacher_share > 0:
+        small = load_teacher(section.block_teacher, section.teacher_tiny, bundle, section.block_teacher_block_size)
+        if small.meta.prediction != IN_PLACE:
+            raise ValueError(f"cross_scale.block_teacher {section.block_teacher!r} is not a block-diffusion checkpoint")
+        block = DiffusionTeacher(small.model, section.block_teacher_block_size or small.meta.trained_block_size,
+                                 small.meta.prompt_block_size, bundle.eos_token_id)
+        teacher = MixedTeacher(teacher, block, section.block_teacher_share)
     return CrossScaleStage(teacher, **stage_kwargs(section, bundle))
