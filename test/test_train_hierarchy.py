@@ -146,41 +146,31 @@ def test_ar_in_place_weight_reaches_every_ar_run_and_no_other(tmp_path):
     assert load_config(CONFIGS / "tiny_ar.yaml", ar.overrides).ar.in_place_weight == 0.0
 
 
-def test_cross_scale_ce_weight_reaches_stage_three_and_its_ablations_only(tmp_path):
-    path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump({"root": str(tmp_path / "h"), "cross_scale_ce_weight": 1.5}))
-    steps = plan_steps(load_plan(path))
-    anchored = {s.name for s in steps if "cross_scale.ce_weight=1.5" in s.overrides}
-    assert anchored == {"student/cross_scale", "student/ablation/ar_teacher", "student/ablation/fkl",
-                        "student/ablation/rkl"}
-    final = next(s for s in steps if s.name == "student/cross_scale")
-    plain = [o for o in final.overrides if "=@run:" not in o]
-    assert load_config(CONFIGS / "tiny_cross_scale.yaml", plain).cross_scale.ce_weight == 1.5
-    path.write_text(yaml.safe_dump({"root": str(tmp_path / "g")}))  # default 0: no override, earlier runs unchanged
-    assert not any(o.startswith("cross_scale.ce_weight") for s in plan_steps(load_plan(path)) for o in s.overrides)
-    for bad in (-1.0, "a lot", True):
-        path.write_text(yaml.safe_dump({"root": str(tmp_path / "g"), "cross_scale_ce_weight": bad}))
-        with pytest.raises(ConfigError, match="cross_scale_ce_weight"):
-            load_plan(path)
+STAGE_THREE = {"student/cross_scale", "student/ablation/ar_teacher", "student/ablation/fkl", "student/ablation/rkl"}
 
 
-def test_cross_scale_block_share_mixes_the_students_block_teacher_into_stage_three_only(tmp_path):
+@pytest.mark.parametrize("key, value, prefix, section_fields, bad", [
+    ("cross_scale_ce_weight", 1.5, "cross_scale.ce_weight", {"ce_weight": 1.5}, (-1.0, "a lot", True)),
+    ("cross_scale_block_share", 0.5, "cross_scale.block_teacher",  # the student's own Stage II block teacher
+     {"block_teacher_share": 0.5, "block_teacher_block_size": 8}, (-0.1, 1.5, "half", True)),
+])
+def test_stage_three_plan_keys_reach_stage_three_and_its_ablations_only(tmp_path, key, value, prefix,
+                                                                       section_fields, bad):
     path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump({"root": str(tmp_path / "h"), "cross_scale_block_share": 0.5}))
+    path.write_text(yaml.safe_dump({"root": str(tmp_path / "h"), key: value}))
     steps = plan_steps(load_plan(path))
-    mixed = {s.name for s in steps if "cross_scale.block_teacher_share=0.5" in s.overrides}
-    assert mixed == {"student/cross_scale", "student/ablation/ar_teacher", "student/ablation/fkl",
-                     "student/ablation/rkl"}
+    assert {s.name for s in steps if any(o.startswith(prefix) for o in s.overrides)} == STAGE_THREE
     final = next(s for s in steps if s.name == "student/cross_scale")
-    assert f"cross_scale.block_teacher=@run:{tmp_path / 'h' / 'student' / 'adapt' / 'b08'}" in final.overrides
     plain = [o.replace("=@run:", "=") for o in final.overrides]  # each run's folder for its checkpoint
     section = load_config(CONFIGS / "tiny_cross_scale.yaml", plain).cross_scale
-    assert (section.block_teacher_block_size, section.block_teacher_share) == (8, 0.5)
+    assert {f: getattr(section, f) for f in section_fields} == section_fields
+    if key == "cross_scale_block_share":
+        assert section.block_teacher == str(tmp_path / "h" / "student" / "adapt" / "b08")
     path.write_text(yaml.safe_dump({"root": str(tmp_path / "g")}))  # default 0: no override, earlier runs unchanged
-    assert not any(o.startswith("cross_scale.block_teacher") for s in plan_steps(load_plan(path)) for o in s.overrides)
-    for bad in (-0.1, 1.5, "half", True):
-        path.write_text(yaml.safe_dump({"root": str(tmp_path / "g"), "cross_scale_block_share": bad}))
-        with pytest.raises(ConfigError, match="cross_scale_block_share"):
+    assert not any(o.startswith(prefix) for s in plan_steps(load_plan(path)) for o in s.overrides)
+    for value in bad:
+        path.write_text(yaml.safe_dump({"root": str(tmp_path / "g"), key: value}))
+        with pytest.raises(ConfigError, match=key):
             load_plan(path)
 
 
