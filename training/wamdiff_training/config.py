@@ -30,8 +30,8 @@ TURNS = ("all", "first")
 RESUME_NEUTRAL = {"out", "data.cache_size"}
 # Fields added after runs were made, with the value that means "as before": left out of the fingerprint while they
 # hold it, so a run checkpointed before the field existed still resumes.
-ADDED_DEFAULTS = {"ar.in_place_weight": 0.0, "cross_scale.block_teacher": "", "cross_scale.block_teacher_block_size": None,
-                  "cross_scale.block_teacher_share": 0.0}
+ADDED_DEFAULTS = {"ar.in_place_weight": 0.0, "cross_scale.block_teacher": "",
+                  "cross_scale.block_teacher_block_size": None, "cross_scale.block_teacher_share": 0.0}
 
 
 class ConfigError(FieldError):
