@@ -343,20 +343,28 @@ def test_cli_refuses_a_changed_config_on_resume(data, reference, tmp_path, capsy
 
 
 def test_a_field_added_later_keeps_old_fingerprints_while_it_holds_its_old_default(data, reference):
-    """``ADDED_DEFAULTS``: a run checkpointed before ``ar.in_place_weight`` existed still resumes (its fingerprint
-    is the hash of the config without that key); setting the field changes the fingerprint."""
+    """``ADDED_DEFAULTS``: a run checkpointed before ``ar.in_place_weight`` or the ``cross_scale.block_teacher*``
+    keys existed still resumes (its fingerprint is the hash of the config without them); setting one changes it."""
     import hashlib
+
+    from wamdiff_training.config import ADDED_DEFAULTS
 
     config = from_dict(raw_config(data, reference))
     raw = config.as_dict()
     raw.pop("out")
     raw["data"].pop("cache_size")
-    raw["ar"].pop("in_place_weight")
+    for name in ("ar.in_place_weight", "cross_scale.block_teacher", "cross_scale.block_teacher_block_size",
+                 "cross_scale.block_teacher_share"):
+        assert name in ADDED_DEFAULTS
+        section, _, key = name.partition(".")
+        raw[section].pop(key)
     before = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
     assert config.fingerprint() == before
-    changed = raw_config(data, reference)
-    changed.setdefault("ar", {})["in_place_weight"] = 0.5
-    assert from_dict(changed).fingerprint() != before
+    for section, values in (("ar", {"in_place_weight": 0.5}), ("cross_scale", {"block_teacher_block_size": 8}),
+                            ("cross_scale", {"block_teacher": "x", "block_teacher_share": 0.5})):
+        changed = raw_config(data, reference)
+        changed.setdefault(section, {}).update(values)
+        assert from_dict(changed).fingerprint() != before, values
 
 
 def test_config_errors_name_the_field(data, tmp_path, capsys):
