@@ -168,12 +168,11 @@ def load_plan(path: str | Path) -> HierarchyPlan:
                                   f"unknown key; known: {', '.join(kind.__slots__)}")
             raw[key] = kind(**raw[key])
     plan = HierarchyPlan(**raw)
-    w = plan.cross_scale_ce_weight
-    if isinstance(w, bool) or not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
-        raise ConfigError(str(path), "cross_scale_ce_weight", f"must be a finite number >= 0, got {w!r}")
-    a = plan.cross_scale_block_share
-    if isinstance(a, bool) or not (isinstance(a, (int, float)) and 0 <= a <= 1):
-        raise ConfigError(str(path), "cross_scale_block_share", f"must be a number in [0, 1], got {a!r}")
+    for name, upper in (("cross_scale_ce_weight", math.inf), ("cross_scale_block_share", 1.0)):
+        value = getattr(plan, name)
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value <= upper
+                                           and math.isfinite(value)):
+            raise ConfigError(str(path), name, f"must be a finite number in [0, {upper:g}], got {value!r}")
     if plan.reuse is not None:
         earlier = None if plan.reuse.plan is None else load_plan(plan.reuse.plan).root
         if earlier is None and not plan.reuse.root:

@@ -362,13 +362,13 @@ class Piece:
         entry = self.data["entries"].get(key)
         if entry is None or entry.get("status") != "ok" or (entry.get("checkpoint") is None) != (checkpoint is None):
             return None
-        if checkpoint is None or entry.get("checkpoint") == checkpoint:
-            return entry if checkpoint is None or entry.get("weights") == weights_id(checkpoint) else None
-        if entry.get("weights") is None or entry.get("weights") != weights_id(checkpoint):
+        if checkpoint is None:  # the baselines: no weights
+            return entry
+        if entry.get("weights") is None or entry["weights"] != weights_id(checkpoint):
             return None
-        log.info("results: %s/%s: the weights of %s, kept from %s", self.name, key, checkpoint, entry["checkpoint"])
-        entry = {**entry, "checkpoint": checkpoint, "step": step_of(checkpoint)}
-        self.data["entries"][key] = entry
+        if entry["checkpoint"] != checkpoint:
+            log.info("results: %s/%s: the weights of %s, kept from %s", self.name, key, checkpoint, entry["checkpoint"])
+            entry = self.data["entries"][key] = {**entry, "checkpoint": checkpoint, "step": step_of(checkpoint)}
         return entry
 
     def put(self, key: str, entry: dict) -> None:

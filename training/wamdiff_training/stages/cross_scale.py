@@ -13,10 +13,9 @@ small-block one (Stage II's block teacher): p = (1 − share) · p_teacher + sha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import math
 
 import torch
 from torch import nn
@@ -60,7 +59,7 @@ class MixedTeacher:
     kind: str = "mixed"
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.share < 1.0 + 1e-12:
+        if not 0.0 < self.share <= 1.0:
             raise ValueError(f"block_teacher_share must be in (0, 1], got {self.share}")
 
     @property
@@ -69,11 +68,11 @@ class MixedTeacher:
 
     @torch.no_grad()
     def logits(self, states: Sequence[NoisyState]) -> torch.Tensor:
+        small = torch.log_softmax(self.block.logits(states).float(), dim=-1)
+        if self.share == 1.0:  # the block teacher alone: the larger one need not run
+            return small
         big = torch.log_softmax(self.teacher.logits(states).float(), dim=-1)
-        if self.share >= 1.0:
-            return torch.log_softmax(self.block.logits(states).float(), dim=-1).to(big.device)
-        small = torch.log_softmax(self.block.logits(states).float(), dim=-1).to(big.device)
-        return torch.logaddexp(big + math.log1p(-self.share), small + math.log(self.share))
+        return torch.logaddexp(big + math.log1p(-self.share), small.to(big.device) + math.log(self.share))
 
 
 @dataclass(slots=True)
