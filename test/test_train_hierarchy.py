@@ -476,3 +476,25 @@ def test_reuse_plan_trains_the_earlier_plans_runs_first_and_names_its_root(tmp_p
                            ({"plan": str(earlier), "root": str(tmp_path / "x"), "runs": []}, "not reuse.plan's root")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_plan_from(tmp_path / "later", {"root": str(new), "reuse": reuse})
+
+
+def test_only_limits_the_earlier_plans_runs_too(tmp_path, monkeypatch):
+    """``--only`` a step of the later plan alone: the earlier plan of ``reuse`` neither trains nor exports."""
+    import wamdiff_training.hierarchy as hierarchy
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    (new / "data").mkdir(parents=True)
+    for split in ("train", "test"):
+        (new / "data" / f"{split}.json").write_text("[]")
+    earlier = tmp_path / "earlier.yaml"
+    earlier.write_text(yaml.safe_dump({"root": str(old), "ar_steps": 2}))
+    (tmp_path / "later").mkdir()
+    plan = load_plan_from(tmp_path / "later", {"root": str(new), "ar_steps": 2, "adapt_steps": 3,
+                                               "reuse": {"plan": str(earlier), "runs": ["student/ar"]}})
+    _done_run(new / "student" / "adapt" / "b01", 3)
+    exported = []
+    real = hierarchy.ensure_data
+    monkeypatch.setattr(hierarchy, "ensure_data", lambda p, *a: exported.append(p.root) or real(p, *a))
+    report = hierarchy.run(plan, progress=False, only=["student/adapt/b01"])
+    assert [(name, what) for name, what, _ in report] == [("student/adapt/b01", "done (3 steps)")]
+    assert exported == [str(new)] and not old.exists()  # the earlier plan's student/ar is not what --only asked for

@@ -448,24 +448,32 @@ def ensure_data(plan: HierarchyPlan, progress: bool) -> Path:
     return out
 
 
+def _selected(name: str, *patterns: list[str] | None) -> bool:
+    return all(not globs or any(fnmatch.fnmatchcase(name, g) for g in globs) for globs in patterns)
+
+
 def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
-        only: list[str] | None = None) -> list[tuple[str, str, Path | None]]:
+        only: list[str] | None = None, within: list[str] | None = None) -> list[tuple[str, str, Path | None]]:
     """Runs what is missing; returns (step, what happened, its last checkpoint) per step. ``only``: glob patterns
     of step names (e.g. ``student/*``) to run a part, say the teacher's and the student's chains in two processes;
-    a step whose predecessor has no checkpoint yet stops with an error naming it."""
+    a step whose predecessor has no checkpoint yet stops with an error naming it. The earlier plan of ``reuse`` runs
+    first, its reused steps only, and of those only the ones ``only`` selects too (``within``, passed down)."""
     from wamdiff_training.engine import train
     from wamdiff_training.stages import STAGES
 
     report = []
+    steps = plan_steps(plan)
+    if not any(_selected(step.name, only, within) for step in steps):
+        return report
     if plan.reuse is not None and plan.reuse.plan is not None and not dry_run:  # the earlier plan's runs first
-        run(load_plan(plan.reuse.plan), progress, only=plan.reuse.runs)
+        run(load_plan(plan.reuse.plan), progress, only=plan.reuse.runs,
+            within=(only or []) if within is None else within)  # the caller's own selection, all the way down
     if not dry_run:
         ensure_data(plan, progress)
-    steps = plan_steps(plan)
     planned = {step.out_dir: step.steps for step in steps}
     reused = link_reused(plan, steps, dry_run)
     for step in steps:
-        if only and not any(fnmatch.fnmatchcase(step.name, pattern) for pattern in only):
+        if not _selected(step.name, only, within):
             continue
         if step.name in reused:
             here = step.out_dir / "train.json" if step.stage == "dagger-data" else _latest(step.out_dir)
