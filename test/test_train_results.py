@@ -420,15 +420,21 @@ def test_a_continuation_plans_held_out_data_is_the_earlier_export_it_reads(tmp_p
         results.data_subset(tmp_path / "v3" / "data", tmp_path / "work", 4)
 
 
-def test_a_plan_that_links_the_runs_under_another_root_keeps_their_entries(evaluated, fake, short_scenario_file,
-                                                                            monkeypatch):
-    """A plan's ``reuse`` links an earlier plan's runs into its own root: their entries stand for the same weights,
-    so nothing is evaluated again; the kept entries name the new root's checkpoints."""
-    root = fake["base"] / "root_reuse"
-    shutil.copytree(fake["root"], root, symlinks=True, ignore=shutil.ignore_patterns("data"))
-    plan = fake["base"] / "plan_reuse.yaml"
+def _entry_pairs(before_out: Path, after_out: Path):
+    """(piece, key, entry before, entry after) over the entry pieces of two --out folders, which hold the same keys."""
+    for name in ("open_loop", "ablation", "divergence", "overlap", "closed_loop"):
+        before, after = _load(before_out, name)["entries"], _load(after_out, name)["entries"]
+        assert after.keys() == before.keys(), name
+        for key, entry in after.items():
+            yield name, key, before[key], entry
+
+
+def _evaluate_elsewhere(evaluated, fake, short_scenario_file, monkeypatch, root: Path, name: str) -> Path:
+    """``results evaluate`` of the fake's logged results under another root (with a plan on the same held-out
+    export), with every evaluation refused: what it keeps, it keeps without evaluating again. Returns --out."""
+    plan = fake["base"] / f"plan_{name}.yaml"
     plan.write_text(PLAN + f"data: {fake['root'] / 'data'}\n")  # the same held-out export
-    out = fake["base"] / "results_reuse"
+    out = fake["base"] / f"results_{name}"
     shutil.copytree(evaluated, out)
     from wamdiff_ros.world import evaluate as closed_loop_cli
     from wamdiff_training import evaluation
@@ -436,30 +442,36 @@ def test_a_plan_that_links_the_runs_under_another_root_keeps_their_entries(evalu
     def refuse(*args, **kwargs):
         raise AssertionError("evaluated again")
 
-    for module, name in ((evaluation, "evaluate"), (evaluation, "teacher_forced"), (closed_loop_cli, "main")):
-        monkeypatch.setattr(module, name, refuse)
+    for module, function in ((evaluation, "evaluate"), (evaluation, "teacher_forced"), (closed_loop_cli, "main")):
+        monkeypatch.setattr(module, function, refuse)
     argv = _evaluate_argv(fake, out, short_scenario_file)
     argv[argv.index("--root") + 1], argv[argv.index("--plan") + 1] = str(root), str(plan)
     assert train_main(argv) == 0
-    for name in ("open_loop", "ablation", "divergence", "overlap", "closed_loop"):
-        before, after = _load(evaluated, name)["entries"], _load(out, name)["entries"]
-        assert after.keys() == before.keys(), name
-        for key, entry in after.items():
-            old = before[key]
-            if old.get("status") != "ok":  # not run: the reason names the new root's folder
-                assert entry["status"] == old["status"] and str(root) in entry["reason"]
-                continue
-            if old.get("checkpoint") is None:  # the baselines
-                assert entry == old
-                continue
-            assert entry["checkpoint"].startswith(str(root)) and entry["weights"] == old["weights"], (name, key)
-            same = {k: v for k, v in entry.items() if k not in ("checkpoint", "teacher", "rho")}
-            assert same == {k: v for k, v in old.items() if k not in ("checkpoint", "teacher", "rho")}, (name, key)
-            if (entry.get("rho") or {}).get("teacher"):
-                assert entry["rho"]["teacher"].startswith(str(root)), (name, key)
-                assert entry["rho"]["value"] == old["rho"]["value"]
-            if entry.get("teacher"):
-                assert entry["teacher"].startswith(str(root))
+    return out
+
+
+def test_a_plan_that_links_the_runs_under_another_root_keeps_their_entries(evaluated, fake, short_scenario_file,
+                                                                            monkeypatch):
+    """A plan's ``reuse`` links an earlier plan's runs into its own root: their entries stand for the same weights,
+    so nothing is evaluated again; the kept entries name the new root's checkpoints."""
+    root = fake["base"] / "root_reuse"
+    shutil.copytree(fake["root"], root, symlinks=True, ignore=shutil.ignore_patterns("data"))
+    out = _evaluate_elsewhere(evaluated, fake, short_scenario_file, monkeypatch, root, "reuse")
+    for name, key, old, entry in _entry_pairs(evaluated, out):
+        if old.get("status") != "ok":  # not run: the reason names the new root's folder
+            assert entry["status"] == old["status"] and str(root) in entry["reason"]
+            continue
+        if old.get("checkpoint") is None:  # the baselines
+            assert entry == old
+            continue
+        assert entry["checkpoint"].startswith(str(root)) and entry["weights"] == old["weights"], (name, key)
+        same = {k: v for k, v in entry.items() if k not in ("checkpoint", "teacher", "rho")}
+        assert same == {k: v for k, v in old.items() if k not in ("checkpoint", "teacher", "rho")}, (name, key)
+        if (entry.get("rho") or {}).get("teacher"):
+            assert entry["rho"]["teacher"].startswith(str(root)), (name, key)
+            assert entry["rho"]["value"] == old["rho"]["value"]
+        if entry.get("teacher"):
+            assert entry["teacher"].startswith(str(root))
     assert _load(out, "open_loop")["settings"]["root"] == str(root)
 
 
@@ -469,34 +481,16 @@ def test_runs_that_are_not_on_this_machine_keep_their_logged_entries(evaluated, 
     logged of the others into "not run" (nor evaluate anything again)."""
     root = fake["base"] / "root_partial"
     _run_folder(root, "student/cross_scale", fake["ckpt"] / "b32")  # the same weights, the one run on this machine
-    plan = fake["base"] / "plan_partial.yaml"
-    plan.write_text(PLAN + f"data: {fake['root'] / 'data'}\n")
-    out = fake["base"] / "results_partial"
-    shutil.copytree(evaluated, out)
-    from wamdiff_ros.world import evaluate as closed_loop_cli
-    from wamdiff_training import evaluation
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("evaluated again")
-
-    for module, name in ((evaluation, "evaluate"), (evaluation, "teacher_forced"), (closed_loop_cli, "main")):
-        monkeypatch.setattr(module, name, refuse)
-    argv = _evaluate_argv(fake, out, short_scenario_file)
-    argv[argv.index("--root") + 1], argv[argv.index("--plan") + 1] = str(root), str(plan)
-    assert train_main(argv) == 0
-    for name in ("open_loop", "ablation", "divergence", "overlap", "closed_loop"):
-        before, after = _load(evaluated, name)["entries"], _load(out, name)["entries"]
-        assert after.keys() == before.keys(), name
-        for key, entry in after.items():
-            old = before[key]
-            assert entry["status"] == old["status"], (name, key)
-            if old["status"] != "ok" or old.get("checkpoint") is None:
-                continue
-            here = old.get("run") == "student/cross_scale" or old.get("student_run") == "student/cross_scale"
-            if here and name != "overlap":  # on this machine: the same weights, under this root
-                assert entry["checkpoint"].startswith(str(root)) and entry["weights"] == old["weights"], (name, key)
-            else:  # the student's teacher, or the run itself, is elsewhere: as logged
-                assert entry == old, (name, key)
+    out = _evaluate_elsewhere(evaluated, fake, short_scenario_file, monkeypatch, root, "partial")
+    for name, key, old, entry in _entry_pairs(evaluated, out):
+        assert entry["status"] == old["status"], (name, key)
+        if old["status"] != "ok" or old.get("checkpoint") is None:
+            continue
+        here = old.get("run") == "student/cross_scale" or old.get("student_run") == "student/cross_scale"
+        if here and name != "overlap":  # on this machine: the same weights, under this root
+            assert entry["checkpoint"].startswith(str(root)) and entry["weights"] == old["weights"], (name, key)
+        else:  # the student's teacher, or the run itself, is elsewhere: as logged
+            assert entry == old, (name, key)
     runs_before = {r["run"]: r for r in _load(evaluated, "runs")["runs"]}
     runs_after = {r["run"]: r for r in _load(out, "runs")["runs"]}
     for run in PRESENT:
