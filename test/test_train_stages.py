@@ -23,7 +23,7 @@ from wamdiff_ros.decoding.block import decode_blocks
 from wamdiff_ros.decoding.reference import FullSequenceBackend
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import encode_prompt
-from wamdiff_ros.model import DecodeMeta, tiny_random
+from wamdiff_ros.model import DecodeMeta, save_checkpoint, tiny_random
 from wamdiff_training import config as cfg
 from wamdiff_training import layout as lay
 from wamdiff_training import losses
@@ -382,7 +382,7 @@ def test_cross_scale_takes_a_larger_teacher_of_either_kind(samples):
     assert student.model.lm_head.weight.grad is not None
 
 
-def test_a_mixed_teacher_scores_the_mixture_of_both_models_probabilities(samples, tiny_bundle):
+def test_a_mixed_teacher_scores_the_mixture_of_both_models_probabilities(samples, tiny_bundle, tmp_path):
     """cross_scale.block_teacher_share: p = (1 - a) p_teacher + a p_block on the same states, as log-probabilities;
     the loss then trains towards that mixture and neither model gets a gradient."""
     student = tiny_random(seed=6, hidden=64, layers=2)
@@ -405,6 +405,11 @@ def test_a_mixed_teacher_scores_the_mixture_of_both_models_probabilities(samples
                                   block_teacher="tiny-random", block_teacher_block_size=8, block_teacher_share=0.5)
     built = cross_scale.from_config(SimpleNamespace(cross_scale=section), tiny_bundle).teacher
     assert isinstance(built, cross_scale.MixedTeacher) and built.block.block_size == 8 and built.share == 0.5
+    ar = tiny_random(seed=8, meta=DecodeMeta(prediction="next_token", trained_block_size=1, prompt_attention="causal"))
+    save_checkpoint(ar, tmp_path / "ar")
+    with pytest.raises(ValueError, match=r"cross_scale\.block_teacher .*needs a in_place checkpoint"):
+        cross_scale.from_config(SimpleNamespace(cross_scale=dataclasses.replace(
+            section, block_teacher=str(tmp_path / "ar"))), tiny_bundle)
     for bad, message in (({"block_teacher_share": 1.5}, r"block_teacher_share: must be in \[0, 1\]"),
                          ({"block_teacher_share": 0.5}, "block_teacher: must name a checkpoint")):
         with pytest.raises(cfg.ConfigError, match=message):

@@ -105,9 +105,9 @@ def from_config(config, bundle: ModelBundle) -> CrossScaleStage:
     teacher = make_teacher(loaded, section.teacher_kind, bundle.eos_token_id, section.teacher_block_size)
     if section.block_teacher_share > 0:
         small = load_teacher(section.block_teacher, section.teacher_tiny, bundle, section.block_teacher_block_size)
-        if small.meta.prediction != IN_PLACE:
-            raise ValueError(f"cross_scale.block_teacher {section.block_teacher!r} is not a block-diffusion checkpoint")
-        block = DiffusionTeacher(small.model, section.block_teacher_block_size or small.meta.trained_block_size,
-                                 small.meta.prompt_block_size, bundle.eos_token_id)
+        try:
+            block = make_teacher(small, "diffusion", bundle.eos_token_id, section.block_teacher_block_size)
+        except ValueError as exc:  # not a block-diffusion checkpoint: name the field
+            raise ValueError(f"cross_scale.block_teacher {section.block_teacher!r}: {exc}") from exc
         teacher = MixedTeacher(teacher, block, section.block_teacher_share)
     return CrossScaleStage(teacher, **stage_kwargs(section, bundle))
