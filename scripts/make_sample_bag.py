@@ -30,6 +30,7 @@ Usage: python scripts/make_sample_bag.py [OUTPUT.mcap] [--image OUTPUT.png]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass
@@ -82,7 +83,7 @@ def drive(seed: int = SEED, seconds: float = SECONDS, scenarios: ScenarioSet | N
     scenarios = scenarios or load_scenarios()
     world = World(scenarios.get(SCENARIO), seed, scenarios)
     expert, camera = Expert(world), FrontCamera(world.geometry, CameraConfig())
-    gains = FollowerGains.for_world("highway_env")
+    gains = dataclasses.replace(FollowerGains.for_world("highway_env"), plan_blend_tau_s=0.0)  # as the export
     follower, actuator = WaypointFollower(gains), HighwayEnvActuator(gains)
     if sample_steps(1.0 / ODOM_HZ, world.dt, "the odometry period") != 1:
         raise ValueError(f"odometry at {ODOM_HZ} Hz needs a {ODOM_HZ} Hz world, got {1 / world.dt:g} Hz")

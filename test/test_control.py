@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -26,7 +27,8 @@ from wamdiff_ros.world.types import Pose2D
 
 DT = 0.05  # highway-env / CARLA step
 LENGTH = 5.0
-HIGHWAY = FollowerGains.for_world("highway_env")
+# the control law alone: plan blending, on in the highway gains, has its own tests (test_control_blend.py)
+HIGHWAY = dataclasses.replace(FollowerGains.for_world("highway_env"), plan_blend_tau_s=0.0)
 CARLA = FollowerGains.for_world("carla")
 
 
@@ -373,8 +375,6 @@ def test_gains_file_loads_for_both_worlds(world: str) -> None:
 
 
 def _carla_values() -> dict:
-    import dataclasses
-
     return {f.name: getattr(CARLA, f.name) for f in dataclasses.fields(CARLA)}
 
 

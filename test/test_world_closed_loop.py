@@ -12,6 +12,7 @@ import pytest
 from wamdiff_ros import format as fmt
 from conftest import SHORT_SCENARIO_S
 
+from wamdiff_ros.control import FollowerGains
 from wamdiff_ros.world import closed_loop
 from wamdiff_ros.world.camera import CameraConfig
 from wamdiff_ros.world.closed_loop import (
@@ -80,6 +81,9 @@ def test_loop_config_validation():
             LoopConfig(plan_hz=hz)
     with pytest.raises(ValueError, match="hardware_factor"):
         LoopConfig(hardware_factor=0.0)
+    for tau in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="plan_blend_tau_s"):
+            LoopConfig(plan_blend_tau_s=tau)
 
 
 def test_planners_implement_the_protocol():
@@ -88,6 +92,31 @@ def test_planners_implement_the_protocol():
         assert callable(planner.reset) and callable(planner.plan)
     p: ClosedLoopPlanner = SleepyStraight()  # structural: the fake needs no base class
     assert p.name == "sleepy"
+
+
+class Zigzag:
+    """Plans that swap sides of the lane, 1.5 m left then right, at 10 m/s: a small model's jitter, caricatured."""
+
+    name, needs_camera = "zigzag", False
+
+    def reset(self, world) -> None:
+        self.side = 1.0
+
+    def plan(self, obs) -> PlanResult:
+        self.side = -self.side
+        t = 0.5 * np.arange(1, 9)
+        return PlanResult(np.stack([10.0 * t, np.full(8, 1.5 * self.side)], axis=1).astype(np.float32))
+
+
+def test_plan_blending_is_the_gains_default_and_loop_config_overrides_it(short_set):
+    def sway(tau: float | None) -> float:
+        log = run_episode(short_set.get("highway"), SEED, Zigzag(), LoopConfig(plan_blend_tau_s=tau), short_set).log
+        return float(np.std(np.diff(log.heading)))
+
+    default, off, on = sway(None), sway(0.0), sway(0.5)
+    assert FollowerGains.for_world("highway_env").plan_blend_tau_s == 0.5
+    assert default == on
+    assert on < 0.7 * off  # blended, the swaps of side largely cancel
 
 
 def test_paused_mode_applies_each_plan_at_its_image_time(short_set, follower_calls):

@@ -124,8 +124,9 @@ def test_argument_errors_exit_2_naming_the_problem(tmp_path, short_yaml, capsys,
     assert not (tmp_path / "e").exists()  # nothing ran, nothing written
 
 
-@pytest.mark.parametrize("extra, needle", [(["--plan-hz", "0"], "plan"), (["--hardware-factor", "-1"], "hardware")],
-                         ids=["zero-plan-hz", "negative-hardware-factor"])
+@pytest.mark.parametrize("extra, needle", [(["--plan-hz", "0"], "plan"), (["--hardware-factor", "-1"], "hardware"),
+                                           (["--blend-tau", "-1"], "blend")],
+                         ids=["zero-plan-hz", "negative-hardware-factor", "negative-blend-tau"])
 def test_bad_loop_settings_are_argument_errors(tmp_path, short_yaml, capsys, extra, needle):
     """Like every other bad argument, these should exit 2 before any episode runs; main lets LoopConfig's
     ValueError escape from the first job instead (a traceback for a command-line user)."""

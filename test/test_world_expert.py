@@ -20,6 +20,8 @@ SEED = SPLIT_SEED_BASE["test"]
 EXIT_DEG = {"left": 90.0, "right": -90.0, "straight": 0.0}
 # the test-split seed each scenario is driven on (all four complete with DS 100 at SEED + 0..3)
 SEEDS = {"highway": SEED, "merge": SEED, "roundabout": SEED, "intersection": SEED}
+# the expert as it drives for the data (wamdiff_ros.world.demonstrations): each plan followed as it comes
+UNBLENDED = LoopConfig(plan_blend_tau_s=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def expert_run(scenarios):
     def run(name: str):
         if name not in cache:
             rec = RecordingExpert()
-            cache[name] = rec, run_episode(scenarios.get(name), SEEDS[name], rec, LoopConfig(), scenarios)
+            cache[name] = rec, run_episode(scenarios.get(name), SEEDS[name], rec, UNBLENDED, scenarios)
         return cache[name]
 
     return run

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.control.blend import PlanBlender
 from wamdiff_ros.control.gains import FollowerGains
 from wamdiff_ros.world.types import Pose2D
 
@@ -131,7 +132,8 @@ class _Pid:
 
 class WaypointFollower:
     """Tracks a ``TrackedPlan``: lateral PID on the heading to an aim point on the ego-motion-compensated path,
-    longitudinal PID on the plan's speed profile at the current time, brake thresholds, creep.
+    longitudinal PID on the plan's speed profile at the current time, brake thresholds, creep. Each new plan (a
+    new ``TrackedPlan`` object) is first blended with the earlier ones (``PlanBlender``, ``plan_blend_tau_s``).
 
     Creep/stuck rule: stopped for ``creep_after_s`` while a fresh plan still wants to move but too slowly to leave the
     brake -> creep at ``creep_speed_mps`` for ``creep_s``; the stop timer then restarts, so a car that keeps being
@@ -142,11 +144,15 @@ class WaypointFollower:
         self.gains = gains
         self._lateral = _Pid(gains.lateral_kp, gains.lateral_ki, gains.lateral_kd, gains.lateral_window)
         self._longitudinal = _Pid(gains.speed_kp, gains.speed_ki, gains.speed_kd, gains.speed_window)
+        self._blender = PlanBlender(gains.plan_blend_tau_s)
         self.reset()
 
     def reset(self) -> None:
         self._lateral.reset()
         self._longitudinal.reset()
+        self._blender.reset()
+        self._received: TrackedPlan | None = None  # the last plan given to step, and what it blended into
+        self._blended: TrackedPlan | None = None
         self._last_t: float | None = None
         self._last_valid: TrackedPlan | None = None
         self._stopped_since: float | None = None
@@ -162,6 +168,9 @@ class WaypointFollower:
         elif self._stopped_since is None:
             self._stopped_since = t
 
+        if plan is not None and plan is not self._received:
+            self._received, self._blended = plan, self._blender(plan)
+        plan = self._blended if plan is not None else None
         problem = _problem(plan, t, g.max_plan_age_s)
         if plan is not None and plan.valid and (self._last_valid is None or plan.stamp >= self._last_valid.stamp):
             self._last_valid = plan

@@ -50,6 +50,9 @@ class FollowerGains:
     creep_s: float
     creep_speed_mps: float
     creep_min_plan_speed_mps: float
+    # Each new plan is averaged with the earlier ones at the same instants, weight exp(-age / tau); 0 = off
+    # (wamdiff_ros.control.blend).
+    plan_blend_tau_s: float = 0.0
     # CARLA only: throttle = throttle_per_mps2 x acceleration (<= max_throttle), brake = brake_per_mps2 x deceleration.
     throttle_per_mps2: float = 0.25
     max_throttle: float = 0.75

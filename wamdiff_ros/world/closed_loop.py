@@ -9,6 +9,8 @@ Two timing modes:
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -33,12 +35,15 @@ class LoopConfig:
     hardware_factor: float = 1.0  # realtime mode: measured latency x this = sim delay
     camera: CameraConfig = field(default_factory=CameraConfig)
     keep_frames: bool = False  # keep (image, plan) pairs for a video
+    plan_blend_tau_s: float | None = None  # the follower's plan blending (s; 0 = off); None: the gains file's
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {self.mode!r}")
         if not self.plan_hz > 0 or not self.hardware_factor > 0:
             raise ValueError("plan_hz and hardware_factor must be > 0")
+        if self.plan_blend_tau_s is not None and not 0 <= self.plan_blend_tau_s < math.inf:
+            raise ValueError(f"plan_blend_tau_s: expected a finite number >= 0, got {self.plan_blend_tau_s}")
 
 
 @dataclass(slots=True)
@@ -124,6 +129,8 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
     start = time.perf_counter()
     world = World(spec, seed, scenarios)
     gains = gains or FollowerGains.for_world("highway_env")
+    if config.plan_blend_tau_s is not None:
+        gains = dataclasses.replace(gains, plan_blend_tau_s=config.plan_blend_tau_s)
     follower, actuator = WaypointFollower(gains), HighwayEnvActuator(gains)
     camera = FrontCamera(world.geometry, config.camera) if planner.needs_camera or config.keep_frames else None
     planner.reset(world)

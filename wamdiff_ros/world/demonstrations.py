@@ -14,6 +14,7 @@ cloning never sees), labelled with how the expert gets out of them. Deterministi
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -156,7 +157,9 @@ def rollout(spec: ScenarioSpec, seed: int, config: RolloutConfig = RolloutConfig
     turns (DAgger), and sample it."""
     world = World(spec, seed, scenarios)
     expert, camera = Expert(world), FrontCamera(world.geometry, config.camera)
-    gains = FollowerGains.for_world("highway_env")
+    # no plan blending: the exports are the recorded data's (made before blending existed), and labels come from
+    # the expert's own plans, not from what the follower made of them
+    gains = dataclasses.replace(FollowerGains.for_world("highway_env"), plan_blend_tau_s=0.0)
     follower, actuator = WaypointFollower(gains), HighwayEnvActuator(gains)
     perturbed, schedule = perturbation_schedule(spec, seed, config.noise)
     ask_rng, turn_rng = _stream(spec, seed, 2), _stream(spec, seed, 3)

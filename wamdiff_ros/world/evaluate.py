@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import multiprocessing as mp
 import os
 import sys
@@ -172,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baselines", default=",".join(BASELINES), help="baselines to run beside the model, or none")
     p.add_argument("--hardware-factor", type=float, default=1.0, help="real-time mode: latency multiplier")
     p.add_argument("--plan-hz", type=float, default=5.0, help="plan requests per second (one in flight)")
+    p.add_argument("--blend-tau", type=float, default=None,
+                   help="the follower's plan blending: weight exp(-age / tau) of earlier plans (s; 0 = off; default: "
+                        "the gains file's)")
     p.add_argument("--threshold", type=float, default=None, help="decoder confidence threshold")
     p.add_argument("--schedule", choices=SCHEDULES, default=None, help="decoder unmask schedule")
     p.add_argument("--block-size", type=int, default=None)
@@ -204,11 +208,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--episodes must be >= 1")
     if not args.plan_hz > 0 or not args.hardware_factor > 0:
         parser.error("--plan-hz and --hardware-factor must be > 0")
+    if args.blend_tau is not None and not (math.isfinite(args.blend_tau) and args.blend_tau >= 0):
+        parser.error("--blend-tau must be >= 0")
     planners = (["model"] if model else []) + baselines
     if not planners:
         parser.error("nothing to run: give --model or --baselines")
     decode = _decode_overrides(args)
-    config = {"plan_hz": args.plan_hz, "hardware_factor": args.hardware_factor}
+    config = {"plan_hz": args.plan_hz, "hardware_factor": args.hardware_factor, "plan_blend_tau_s": args.blend_tau}
     jobs = [Job(s.name, args.seed + i, planner, mode) for i in range(args.episodes) for s in specs
             for planner in planners for mode in modes]
 
