@@ -158,10 +158,13 @@ def test_closed_loop_json_keeps_episode_rows(evaluated):
     assert cl["settings"]["modes"] == ["paused", "realtime"] and cl["complete"] is True
     assert list(cl["entries"]) == ["baselines", "ar", "student"]  # teacher_ar only with --with-teacher
     planners = {(g["planner"], g["mode"]) for e in cl["entries"].values() for g in e["groups"]}
+    assert "plan_blend_tau_s" not in cl["settings"]
     assert planners == {(p, m) for p in ("expert", "constant_velocity", "ar", "student")
                         for m in ("paused", "realtime")}
     for e in cl["entries"].values():
         assert e["command_line"][:2] == ["wamdiff-eval", "closed-loop"] and "--realtime" in e["command_line"]
+        # the committed logs' protocol: plans followed unblended, and no settings key for it (they predate blending)
+        assert e["command_line"][e["command_line"].index("--blend-tau") + 1] == "0.0"
         for row in e["episodes"]:
             assert {"planner", "mode", "scenario", "seed", "ds", "rc", "collisions", "completed", "success"} <= set(row)
             assert row["scenario"] == "highway" and row["seed"] == 1_000_000 and 0 <= row["ds"] <= 100
@@ -215,6 +218,7 @@ def test_render_tables(rendered):
     figure = md.parent / "results" / results.FIGURE
     assert "![per-waypoint L2](results/l2_curve.png)" in text
     assert figure.is_file() and figure.read_bytes()[:4] == b"\x89PNG"
+    assert "each followed as it comes (no plan blending)" in text
     assert re.search(r"^\| final student \(B=32\) \| realtime \| 1 \| [\d.]+ \[[\d.]+, [\d.]+\] \|", text, re.M)
     assert "| student/cross_scale | - | B=32 | 4 / 20 |" in text and "`student/ablation/rkl`" in text
 

@@ -168,8 +168,10 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str
         f"pitched {camera.pitch_deg} deg down (the world's camera; Bench2Drive agent sensors use the same card).",
         "- Ego velocity and acceleration in the ego frame (x forward, y left, m/s, m/s^2) and a navigation "
         "command (left, right, straight, follow).",
-        "- A plan request every 0.2-0.5 s (the closed-loop figures below used 2 Hz; `wamdiff-eval`'s default is "
-        "5 Hz); each plan is 8 waypoints, one every 0.5 s, in the ego frame.",
+        "- A plan request every 0.2-0.5 s; each plan is 8 waypoints, one every 0.5 s, in the ego frame. The "
+        "closed-loop figures below used 2 Hz, each plan followed as it comes. At 5 Hz (`wamdiff-eval`'s default, "
+        "the CARLA agent's rate) blend consecutive plans, as the follower's `highway_env` gains do "
+        "(`plan_blend_tau_s`): unblended, this model drives worse at 5 Hz than at 2 Hz.",
         "",
         "## Measured",
     ]

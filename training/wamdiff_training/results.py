@@ -549,6 +549,8 @@ def evaluate_closed_loop(root: Path, out: Path, work: Path, args: argparse.Names
     settings = {"root": str(root), "episodes_per_scenario": args.episodes, "first_seed": args.seed,
                 "scenarios": args.scenarios, "scenario_file": args.scenario_file, "modes": modes,
                 "plan_hz": args.plan_hz}
+    if args.blend_tau:  # recorded only when on: the logs made before blending existed stay current
+        settings["plan_blend_tau_s"] = args.blend_tau
     piece = Piece("closed_loop", out / "closed_loop.json", settings, args.force)
     keys = []
     for target in targets:
@@ -580,7 +582,8 @@ def evaluate_closed_loop(root: Path, out: Path, work: Path, args: argparse.Names
         argv = ["closed-loop", "--model", model,
                 "--baselines", "expert,constant_velocity" if ckpt is None else "none",
                 "--scenarios", args.scenarios, "--episodes", str(args.episodes), "--seed", str(args.seed),
-                "--workers", str(args.workers), "--plan-hz", str(args.plan_hz), "--realtime",
+                "--workers", str(args.workers), "--plan-hz", str(args.plan_hz), "--blend-tau", str(args.blend_tau),
+                "--realtime",
                 "--videos", "2" if target.key == "student" else "0",
                 "--out", str(report_dir), "--no-progress",
                 *(["--scenario-file", args.scenario_file] if args.scenario_file else [])]
@@ -1067,6 +1070,8 @@ def render_closed_loop(piece: dict | None, open_loop: dict | None) -> tuple[list
     lines += [f"`wamdiff-eval closed-loop`, scenario set {s.get('scenario_file') or 'frozen v1'} "
               f"({s['scenarios']}), {s['episodes_per_scenario']} held-out seeds per scenario from {s['first_seed']}, "
               f"plans requested at {s.get('plan_hz', 5.0):g} Hz by every planner, "
+              + (f"each blended with the earlier ones by the follower (τ = {s['plan_blend_tau_s']:g} s), "
+                 if s.get("plan_blend_tau_s") else "each followed as it comes (no plan blending), ") +
               "both timing modes (paused: the world waits for each plan; realtime: it does not). DS = route completion "
               f"× infraction penalty, mean with its bootstrap {round(100 * LEVEL)} % CI.", ""]
     labels = planner_labels(piece)
@@ -1407,6 +1412,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--plan-hz", type=float, default=2.0,
                    help="closed loop: plan requests per second, every planner (default 2: the AR model's 100 "
                         "episodes x 2 modes fit a CPU session; wamdiff-eval's own default is 5)")
+    e.add_argument("--blend-tau", type=float, default=0.0,
+                   help="closed loop: the follower's plan blending (s), every planner (default 0: off, as the "
+                        "committed logs; the gains file's default is for the product)")
     e.add_argument("--with-teacher", action="store_true", help="closed loop: also drive teacher/ar")
     e.add_argument("--max-samples", type=int, default=60, help="open loop: records per task (evenly spaced)")
     e.add_argument("--plan", default=None, help="the hierarchy plan behind --root: the runs' planned step counts, "
