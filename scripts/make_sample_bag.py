@@ -30,7 +30,6 @@ Usage: python scripts/make_sample_bag.py [OUTPUT.mcap] [--image OUTPUT.png]
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 from dataclasses import dataclass
@@ -40,10 +39,10 @@ import numpy as np
 from PIL import Image as PILImage
 
 from wamdiff_ros import format as fmt
-from wamdiff_ros.control import FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
+from wamdiff_ros.control import HighwayEnvActuator, TrackedPlan, WaypointFollower
 from wamdiff_ros.ros.bags import McapFile, bag_qos, typestore
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
-from wamdiff_ros.world.demonstrations import REPLAN_HZ, sample_steps
+from wamdiff_ros.world.demonstrations import REPLAN_HZ, recording_gains, sample_steps
 from wamdiff_ros.world.expert import Expert
 from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE, ScenarioSet, load_scenarios
 from wamdiff_ros.world.sim import World
@@ -83,7 +82,7 @@ def drive(seed: int = SEED, seconds: float = SECONDS, scenarios: ScenarioSet | N
     scenarios = scenarios or load_scenarios()
     world = World(scenarios.get(SCENARIO), seed, scenarios)
     expert, camera = Expert(world), FrontCamera(world.geometry, CameraConfig())
-    gains = dataclasses.replace(FollowerGains.for_world("highway_env"), plan_blend_tau_s=0.0)  # as the export
+    gains = recording_gains()
     follower, actuator = WaypointFollower(gains), HighwayEnvActuator(gains)
     if sample_steps(1.0 / ODOM_HZ, world.dt, "the odometry period") != 1:
         raise ValueError(f"odometry at {ODOM_HZ} Hz needs a {ODOM_HZ} Hz world, got {1 / world.dt:g} Hz")

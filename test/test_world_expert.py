@@ -10,6 +10,7 @@ import pytest
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.world.closed_loop import ExpertPlanner, LoopConfig, Observation, PlanResult, run_episode
+from wamdiff_ros.world.demonstrations import recording_gains
 from wamdiff_ros.world.expert import Expert, ExpertPlan
 from wamdiff_ros.world.metrics import COLLISIONS, score_episode
 from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE, load_scenarios
@@ -20,8 +21,6 @@ SEED = SPLIT_SEED_BASE["test"]
 EXIT_DEG = {"left": 90.0, "right": -90.0, "straight": 0.0}
 # the test-split seed each scenario is driven on (all four complete with DS 100 at SEED + 0..3)
 SEEDS = {"highway": SEED, "merge": SEED, "roundabout": SEED, "intersection": SEED}
-# the expert as it drives for the data (wamdiff_ros.world.demonstrations): each plan followed as it comes
-UNBLENDED = LoopConfig(plan_blend_tau_s=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +36,8 @@ def expert_run(scenarios):
     def run(name: str):
         if name not in cache:
             rec = RecordingExpert()
-            cache[name] = rec, run_episode(scenarios.get(name), SEEDS[name], rec, UNBLENDED, scenarios)
+            gains = recording_gains()  # the expert followed as it drives for the data
+            cache[name] = rec, run_episode(scenarios.get(name), SEEDS[name], rec, LoopConfig(), scenarios, gains)
         return cache[name]
 
     return run

@@ -151,15 +151,19 @@ def sample_steps(period_s: float, dt: float, what: str) -> int:
     return n
 
 
+def recording_gains() -> FollowerGains:
+    """The follower gains the recorded drives use: the world's, without plan blending. The exports were made before
+    blending existed, and the expert's plans are followed as it made them."""
+    return dataclasses.replace(FollowerGains.for_world("highway_env"), plan_blend_tau_s=0.0)
+
+
 def rollout(spec: ScenarioSpec, seed: int, config: RolloutConfig = RolloutConfig(),
             scenarios: ScenarioSet | None = None, driver: Driver | None = None) -> Episode:
     """Drive one episode with the expert (plus the episode's perturbations), or with the expert and ``driver`` taking
     turns (DAgger), and sample it."""
     world = World(spec, seed, scenarios)
     expert, camera = Expert(world), FrontCamera(world.geometry, config.camera)
-    # no plan blending: the exports are the recorded data's (made before blending existed), and labels come from
-    # the expert's own plans, not from what the follower made of them
-    gains = dataclasses.replace(FollowerGains.for_world("highway_env"), plan_blend_tau_s=0.0)
+    gains = recording_gains()
     follower, actuator = WaypointFollower(gains), HighwayEnvActuator(gains)
     perturbed, schedule = perturbation_schedule(spec, seed, config.noise)
     ask_rng, turn_rng = _stream(spec, seed, 2), _stream(spec, seed, 3)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import multiprocessing as mp
 import os
 import sys
@@ -206,15 +205,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--model: {model!r} is not a checkpoint folder")
     if args.episodes < 1:
         parser.error("--episodes must be >= 1")
-    if not args.plan_hz > 0 or not args.hardware_factor > 0:
-        parser.error("--plan-hz and --hardware-factor must be > 0")
-    if args.blend_tau is not None and not (math.isfinite(args.blend_tau) and args.blend_tau >= 0):
-        parser.error("--blend-tau must be >= 0")
+    config = {"plan_hz": args.plan_hz, "hardware_factor": args.hardware_factor, "plan_blend_tau_s": args.blend_tau}
+    try:  # LoopConfig's own checks, as argument errors before any episode runs
+        LoopConfig(**config)
+    except ValueError as err:
+        parser.error(str(err))
     planners = (["model"] if model else []) + baselines
     if not planners:
         parser.error("nothing to run: give --model or --baselines")
     decode = _decode_overrides(args)
-    config = {"plan_hz": args.plan_hz, "hardware_factor": args.hardware_factor, "plan_blend_tau_s": args.blend_tau}
     jobs = [Job(s.name, args.seed + i, planner, mode) for i in range(args.episodes) for s in specs
             for planner in planners for mode in modes]
 
