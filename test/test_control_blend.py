@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from wamdiff_ros.control import FollowerGains, TrackedPlan, WaypointFollower
+from wamdiff_ros.control import FollowerGains, GainsError, TrackedPlan, WaypointFollower
 from wamdiff_ros.control.blend import PlanBlender
 from wamdiff_ros.world.types import Pose2D
 
@@ -104,7 +104,8 @@ def test_follower_blends_each_new_plan_once() -> None:
     assert blending.step(new, pose, 10.0, 0.5).aim == pytest.approx(alone.aim)
 
 
-def test_negative_blend_gain_is_named() -> None:
-    values = {f.name: getattr(HIGHWAY, f.name) for f in dataclasses.fields(HIGHWAY)} | {"plan_blend_tau_s": -1.0}
-    with pytest.raises(Exception, match="plan_blend_tau_s"):
+@pytest.mark.parametrize("tau", [-1.0, math.inf])
+def test_bad_blend_gain_is_named(tau: float) -> None:
+    values = {f.name: getattr(HIGHWAY, f.name) for f in dataclasses.fields(HIGHWAY)} | {"plan_blend_tau_s": tau}
+    with pytest.raises(GainsError, match="plan_blend_tau_s"):
         FollowerGains.from_dict(values, name="highway_env")

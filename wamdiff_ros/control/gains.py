@@ -99,6 +99,8 @@ class FollowerGains:
         for key in ("lateral_window", "speed_window", "control_period_s", "max_steer_rad", "brake_ratio"):
             if getattr(self, key) <= 0:
                 raise GainsError(f"{name}.{key}", f"must be > 0, got {getattr(self, key)}")
+        if not math.isfinite(self.plan_blend_tau_s):
+            raise GainsError(f"{name}.plan_blend_tau_s", f"must be finite, got {self.plan_blend_tau_s}")
         if self.lookahead_min_m > self.lookahead_max_m:
             raise GainsError(f"{name}.lookahead_max_m", f"below lookahead_min_m ({self.lookahead_min_m})")
 
