@@ -8,7 +8,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding import masks
 from wamdiff_ros.decoding.block import CachedBackend, decode_blocks
 from wamdiff_ros.decoding.engine import DecoderEngine
-from wamdiff_ros.decoding.reference import FullSequenceBackend
+from wamdiff_ros.decoding.reference import FullSequenceBackend, module_layers, modules_in_engine
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_prefix, unmask_step, unmask_top_k
 from wamdiff_ros.errors import DecodeSettingsError
@@ -65,6 +65,38 @@ def test_cached_step_logits_match_full_forward(prompt_attention, road_image):
         want = reference.logits(torch.cat([committed, fed]))[-len(fed):]
         assert (want - t.logits).abs().max().item() < LOGIT_TOL, (t.offset, t.step)
         prev = t.block
+
+
+@pytest.mark.parametrize("n_clean", [0, 8])
+def test_engine_layers_equal_the_transformers_modules_bit_for_bit(n_clean, scaled_bundle, road_image):
+    """The lean layer loop (fused RMSNorm, one rotary call for queries and keys, no module wrappers) must not change
+    a single bit in fp32: closed-loop scores logged before it stay reproducible."""
+    prompt = _prompt(scaled_bundle, road_image)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        engine = DecoderEngine(scaled_bundle.model, prompt.length + 64)
+        engine.prefill(prompt, scaled_bundle.meta.prompt_block_size)
+        tokens = torch.randint(0, scaled_bundle.model.lm_head.weight.shape[0], (n_clean + 16,), generator=generator)
+        pos = torch.arange(tokens.shape[0]) + engine.length
+        engine.attention.plan(engine.length, tokens.shape[0], n_clean)
+        lean = engine._layers(tokens, pos, n_clean, engine.attention)
+        keys, values = engine.keys.clone(), engine.values.clone()
+        oracle = module_layers(engine, tokens, pos, n_clean, engine.attention)
+        assert lean.shape == (16, scaled_bundle.model.lm_head.weight.shape[0])
+        assert torch.equal(lean, oracle)
+        assert torch.equal(keys, engine.keys) and torch.equal(values, engine.values)
+
+
+def test_a_whole_decode_is_the_same_through_the_modules(scaled_bundle, road_image):
+    prompt = _prompt(scaled_bundle, road_image)
+    settings = DecodeSettings(block_size=8, steps=8, max_new_tokens=24)
+    lean = _cached(scaled_bundle, prompt, settings)
+    with modules_in_engine():
+        assert DecoderEngine._layers is module_layers
+        modules = _cached(scaled_bundle, prompt, settings)
+    assert DecoderEngine._layers is not module_layers  # restored
+    assert lean.tokens == modules.tokens and lean.confidence == modules.confidence
+    assert lean.forward_calls == modules.forward_calls
 
 
 def _first_divergence_is_a_near_tie(a, b) -> bool:

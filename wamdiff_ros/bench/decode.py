@@ -3,12 +3,14 @@
 Every contender produces exactly N new tokens (EOS ignored) from the same prompt; contenders run in interleaved
 rounds after a warm-up round. The table reports the median decode tokens/s, forward calls per token, and the
 ratio to AR as the median of per-round ratios (each round's contenders ran back to back, so a shared machine's
-drift cancels). The vocabulary constraint's cost is measured the same way: B=32 static with vs without.
+drift cancels). The vocabulary constraint's cost is measured the same way: B=32 static with vs without; and so is
+the engine's lean layer loop: B=32 static through it vs through the transformers modules (``reference.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -21,6 +23,7 @@ from tqdm import tqdm
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.constraint import WaypointConstraint
 from wamdiff_ros.decoding.generate import generate
+from wamdiff_ros.decoding.reference import modules_in_engine
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.model import load
@@ -34,6 +37,7 @@ class Contender:
     mode: str
     settings: DecodeSettings
     constrained: bool = False
+    module_layers: bool = False  # the engine runs the transformers modules' layers (the reference arithmetic)
 
 
 def contenders(new_tokens: int, static_steps: int) -> list[Contender]:
@@ -45,6 +49,8 @@ def contenders(new_tokens: int, static_steps: int) -> list[Contender]:
             block_size=b, steps=b, schedule="threshold", max_new_tokens=new_tokens)))
     out.append(Contender("block32-constrained", "block", DecodeSettings(
         block_size=32, steps=static_steps, schedule="static", max_new_tokens=new_tokens), constrained=True))
+    out.append(Contender("block32-modules", "block", DecodeSettings(
+        block_size=32, steps=static_steps, schedule="static", max_new_tokens=new_tokens), module_layers=True))
     return out
 
 
@@ -60,8 +66,9 @@ def run(model: str, new_tokens: int, runs: int, static_steps: int, device: str, 
     calls: dict[str, int] = {}
     for round_ in tqdm(range(runs + 1), desc="decode bench", unit="round", file=sys.stderr):
         for c in entries:
-            g = generate(bundle, prompt, c.settings, constraint if c.constrained else None, mode=c.mode,
-                         ignore_eos=True)
+            with modules_in_engine() if c.module_layers else contextlib.nullcontext():
+                g = generate(bundle, prompt, c.settings, constraint if c.constrained else None, mode=c.mode,
+                             ignore_eos=True)
             if g.result.new_tokens != new_tokens:
                 raise RuntimeError(f"{c.name} produced {g.result.new_tokens} tokens, expected {new_tokens}")
             calls[c.name] = g.result.forward_calls
@@ -77,6 +84,7 @@ def run(model: str, new_tokens: int, runs: int, static_steps: int, device: str, 
             "ratio_to_ar": _paired_ratio(times["ar"], times[c.name]),
         }
     cost = 1.0 - _paired_ratio(times["block32"], times["block32-constrained"])
+    lean_speedup = _paired_ratio(times["block32-modules"], times["block32"])
     return {
         "model": bundle.source,
         "device": device,
@@ -93,6 +101,11 @@ def run(model: str, new_tokens: int, runs: int, static_steps: int, device: str, 
             "unconstrained_tokens_per_s": stats["block32"]["tokens_per_s"],
             "constrained_tokens_per_s": stats["block32-constrained"]["tokens_per_s"],
             "cost": cost,
+        },
+        "layers": {
+            "modules_tokens_per_s": stats["block32-modules"]["tokens_per_s"],
+            "lean_tokens_per_s": stats["block32"]["tokens_per_s"],
+            "speedup": lean_speedup,
         },
     }
 
@@ -120,6 +133,9 @@ def table(result: dict) -> str:
     c = result["constraint"]
     lines.append(f"vocabulary constraint (B=32 static): {c['unconstrained_tokens_per_s']:.1f} -> "
                  f"{c['constrained_tokens_per_s']:.1f} tokens/s (medians); paired cost {100 * c['cost']:.1f} %")
+    layers = result["layers"]
+    lines.append(f"engine layer loop (B=32 static): transformers modules {layers['modules_tokens_per_s']:.1f} -> lean "
+                 f"{layers['lean_tokens_per_s']:.1f} tokens/s (medians); paired speed-up {layers['speedup']:.2f}x")
     return "\n".join(lines)
 
 

@@ -1,14 +1,23 @@
-"""A naive block backend that recomputes the whole sequence with the explicit block-causal mask at every step.
+"""References the fast decoder is checked against.
 
-No cache, the transformers forward end to end: the ground truth that the cached engine (and any faster backend)
-must reproduce. Slow by design; used by tests and for checking new backends.
+- ``FullSequenceBackend``: a naive block backend that recomputes the whole sequence with the explicit block-causal
+  mask at every step. No cache, the transformers forward end to end: the ground truth that the cached engine (and
+  any faster backend) must reproduce. Slow by design; used by tests and for checking new backends.
+- ``module_layers``: the cached engine's response-token forward through the transformers modules themselves, the
+  arithmetic ``DecoderEngine._layers`` must reproduce bit for bit in fp32; ``modules_in_engine`` makes every engine
+  use it for a while (the decode benchmark's contender for the layer loop).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
+from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb
 
 from wamdiff_ros.decoding import masks
+from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.inputs import PromptInputs
 
 
@@ -51,3 +60,38 @@ class FullSequenceBackend:
     def commit_and_step(self, clean: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
         self.committed += clean.tolist()
         return self.step(block)
+
+
+def module_layers(engine: DecoderEngine, tokens: torch.Tensor, pos: torch.Tensor, skip: int, attention) -> torch.Tensor:
+    """``DecoderEngine._layers`` through the transformers modules (norms, projections, ``apply_rotary_pos_emb``,
+    the MLP): K/V written into the engine's cache the same way, logits of all but the first ``skip`` tokens."""
+    n = tokens.shape[0]
+    cos, sin = engine._cos.index_select(0, pos)[None], engine._sin.index_select(0, pos)[None]
+    attention.begin(pos, skip)
+    h = engine.embed(tokens)[None]
+    for i, layer in enumerate(engine.layers):
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        shape = (1, n, -1, attn.head_dim)
+        q = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)
+        v = attn.v_proj(x).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        engine.keys[i, 0].index_copy_(1, pos, k[0])
+        engine.values[i, 0].index_copy_(1, pos, v[0])
+        o = attention.run(q, engine.keys[i], engine.values[i])
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(1, n, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return engine.lm_head(engine.norm(h[:, skip:]))[0]
+
+
+@contextlib.contextmanager
+def modules_in_engine() -> Iterator[None]:
+    """While open, every ``DecoderEngine`` (eager and graph entry points) runs ``module_layers``. Not thread-safe:
+    for benchmarks and tests."""
+    lean = DecoderEngine._layers
+    DecoderEngine._layers = module_layers
+    try:
+        yield
+    finally:
+        DecoderEngine._layers = lean
