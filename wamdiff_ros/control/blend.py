@@ -37,7 +37,9 @@ class PlanBlender:
         if keep < 1:
             raise ValueError(f"keep: expected >= 1, got {keep}")
         self.tau_s = float(tau_s)
-        self._plans: deque[TrackedPlan] = deque(maxlen=keep)
+        # per remembered plan: its stamp, the instants of its path (origin first) and that path in the world frame,
+        # computed once when it is remembered rather than at every later blend
+        self._plans: deque[tuple[float, np.ndarray, np.ndarray]] = deque(maxlen=keep)
 
     def reset(self) -> None:
         self._plans.clear()
@@ -48,17 +50,16 @@ class PlanBlender:
         times = plan.stamp + plan.dt * np.arange(1, len(plan.waypoints) + 1)
         total = plan.origin.to_world(plan.waypoints)
         weight = np.ones(len(times))
-        for old in self._plans:
-            age = plan.stamp - old.stamp
+        for stamp, old_times, world in self._plans:
+            age = plan.stamp - stamp
             w = math.exp(-age / self.tau_s) if age >= 0 else 0.0
             if w < MIN_WEIGHT:
                 continue
-            old_times = old.stamp + old.dt * np.arange(len(old.waypoints) + 1)
             inside = times <= old_times[-1] + 1e-9
             if not inside.any():
                 continue
-            world = old.origin.to_world(old.path())
             total[inside] += w * np.stack([np.interp(times[inside], old_times, world[:, i]) for i in (0, 1)], axis=1)
             weight[inside] += w
-        self._plans.append(plan)
+        self._plans.append((plan.stamp, plan.stamp + plan.dt * np.arange(len(times) + 1),
+                            plan.origin.to_world(plan.path())))
         return dataclasses.replace(plan, waypoints=plan.origin.to_ego(total / weight[:, None]))
