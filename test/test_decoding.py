@@ -1,5 +1,7 @@
 """Decoder exactness: the cached engine against full-sequence forwards with the explicit mask."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -7,8 +9,8 @@ import torch
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding import masks
 from wamdiff_ros.decoding.block import CachedBackend, decode_blocks
-from wamdiff_ros.decoding.engine import DecoderEngine
-from wamdiff_ros.decoding.reference import FullSequenceBackend, module_layers, modules_in_engine
+from wamdiff_ros.decoding.engine import DecoderEngine, fused_layers
+from wamdiff_ros.decoding.reference import FullSequenceBackend, module_layers, modules_in_engine, unstacked_engines
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_prefix, unmask_step, unmask_top_k
 from wamdiff_ros.errors import DecodeSettingsError
@@ -67,14 +69,19 @@ def test_cached_step_logits_match_full_forward(prompt_attention, road_image):
         prev = t.block
 
 
+@pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "per-module"])
 @pytest.mark.parametrize("n_clean", [0, 8])
-def test_engine_layers_equal_the_transformers_modules_bit_for_bit(n_clean, scaled_bundle, road_image):
-    """The lean layer loop (fused RMSNorm, one rotary call for queries and keys, no module wrappers) must not change
-    a single bit in fp32: closed-loop scores logged before it stay reproducible."""
+def test_engine_layers_equal_the_transformers_modules_bit_for_bit(n_clean, stacked, scaled_bundle, road_image):
+    """The lean layer loop (fused RMSNorm, one rotary call for queries and keys, no module wrappers; on the CPU the
+    stacked q/k/v and gate/up projections, off it the modules' own) must not change a single bit in fp32:
+    closed-loop scores logged before it stay reproducible."""
     prompt = _prompt(scaled_bundle, road_image)
     generator = torch.Generator().manual_seed(0)
     for _ in range(3):
         engine = DecoderEngine(scaled_bundle.model, prompt.length + 64)
+        assert engine._fused is not None  # CPU, fp32, a small model
+        if not stacked:
+            engine._fused = None
         engine.prefill(prompt, scaled_bundle.meta.prompt_block_size)
         tokens = torch.randint(0, scaled_bundle.model.lm_head.weight.shape[0], (n_clean + 16,), generator=generator)
         pos = torch.arange(tokens.shape[0]) + engine.length
@@ -87,6 +94,24 @@ def test_engine_layers_equal_the_transformers_modules_bit_for_bit(n_clean, scale
         assert torch.equal(keys, engine.keys) and torch.equal(values, engine.values)
 
 
+def test_stacked_projections_follow_the_weights(scaled_bundle):
+    """Stacked once per model, rebuilt when a weight changes in place (a training step between two plans), and
+    not at all where stacking could change the arithmetic (here: bf16)."""
+    layers = copy.deepcopy(scaled_bundle.model.model.language_model.layers)
+    cpu = torch.device("cpu")
+    first = fused_layers(layers, cpu, torch.float32)
+    assert first is not None and fused_layers(layers, cpu, torch.float32) is first
+    attn = layers[1].self_attn
+    with torch.no_grad():
+        attn.k_proj.weight.mul_(2.0)
+    second = fused_layers(layers, cpu, torch.float32)
+    assert second is not first
+    q_rows, k_rows = attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]
+    assert torch.equal(second[1].qkv[q_rows:q_rows + k_rows], attn.k_proj.weight)
+    assert second[1].heads * attn.head_dim == q_rows and second[1].kv_heads * attn.head_dim == k_rows
+    assert fused_layers(layers, cpu, torch.bfloat16) is None
+
+
 def test_a_whole_decode_is_the_same_through_the_modules(scaled_bundle, road_image):
     prompt = _prompt(scaled_bundle, road_image)
     settings = DecodeSettings(block_size=8, steps=8, max_new_tokens=24)
@@ -95,8 +120,13 @@ def test_a_whole_decode_is_the_same_through_the_modules(scaled_bundle, road_imag
         assert DecoderEngine._layers is module_layers
         modules = _cached(scaled_bundle, prompt, settings)
     assert DecoderEngine._layers is not module_layers  # restored
-    assert lean.tokens == modules.tokens and lean.confidence == modules.confidence
-    assert lean.forward_calls == modules.forward_calls
+    with unstacked_engines():
+        assert DecoderEngine(scaled_bundle.model, 8)._fused is None
+        unstacked = _cached(scaled_bundle, prompt, settings)
+    assert DecoderEngine(scaled_bundle.model, 8)._fused is not None  # restored
+    for other in (modules, unstacked):
+        assert lean.tokens == other.tokens and lean.confidence == other.confidence
+        assert lean.forward_calls == other.forward_calls
 
 
 def _first_divergence_is_a_near_tie(a, b) -> bool:

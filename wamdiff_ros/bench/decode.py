@@ -4,7 +4,8 @@ Every contender produces exactly N new tokens (EOS ignored) from the same prompt
 rounds after a warm-up round. The table reports the median decode tokens/s, forward calls per token, and the
 ratio to AR as the median of per-round ratios (each round's contenders ran back to back, so a shared machine's
 drift cancels). The vocabulary constraint's cost is measured the same way: B=32 static with vs without; and so is
-the engine's lean layer loop: B=32 static through it vs through the transformers modules (``reference.py``).
+the engine's lean layer loop: B=32 static through it vs through the transformers modules (``reference.py``), and
+within it the CPU's stacked projections: B=32 static with vs without them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tqdm import tqdm
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.constraint import WaypointConstraint
 from wamdiff_ros.decoding.generate import generate
-from wamdiff_ros.decoding.reference import modules_in_engine
+from wamdiff_ros.decoding.reference import modules_in_engine, unstacked_engines
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.model import load
@@ -38,6 +39,12 @@ class Contender:
     settings: DecodeSettings
     constrained: bool = False
     module_layers: bool = False  # the engine runs the transformers modules' layers (the reference arithmetic)
+    unstacked: bool = False  # the lean loop with every projection its own matmul
+
+    def context(self):
+        if self.module_layers:
+            return modules_in_engine()
+        return unstacked_engines() if self.unstacked else contextlib.nullcontext()
 
 
 def contenders(new_tokens: int, static_steps: int) -> list[Contender]:
@@ -51,6 +58,8 @@ def contenders(new_tokens: int, static_steps: int) -> list[Contender]:
         block_size=32, steps=static_steps, schedule="static", max_new_tokens=new_tokens), constrained=True))
     out.append(Contender("block32-modules", "block", DecodeSettings(
         block_size=32, steps=static_steps, schedule="static", max_new_tokens=new_tokens), module_layers=True))
+    out.append(Contender("block32-unstacked", "block", DecodeSettings(
+        block_size=32, steps=static_steps, schedule="static", max_new_tokens=new_tokens), unstacked=True))
     return out
 
 
@@ -66,7 +75,7 @@ def run(model: str, new_tokens: int, runs: int, static_steps: int, device: str, 
     calls: dict[str, int] = {}
     for round_ in tqdm(range(runs + 1), desc="decode bench", unit="round", file=sys.stderr):
         for c in entries:
-            with modules_in_engine() if c.module_layers else contextlib.nullcontext():
+            with c.context():
                 g = generate(bundle, prompt, c.settings, constraint if c.constrained else None, mode=c.mode,
                              ignore_eos=True)
             if g.result.new_tokens != new_tokens:
@@ -85,6 +94,7 @@ def run(model: str, new_tokens: int, runs: int, static_steps: int, device: str, 
         }
     cost = 1.0 - _paired_ratio(times["block32"], times["block32-constrained"])
     lean_speedup = _paired_ratio(times["block32-modules"], times["block32"])
+    stacking_speedup = _paired_ratio(times["block32-unstacked"], times["block32"])
     return {
         "model": bundle.source,
         "device": device,
@@ -106,6 +116,8 @@ def run(model: str, new_tokens: int, runs: int, static_steps: int, device: str, 
             "modules_tokens_per_s": stats["block32-modules"]["tokens_per_s"],
             "lean_tokens_per_s": stats["block32"]["tokens_per_s"],
             "speedup": lean_speedup,
+            "unstacked_tokens_per_s": stats["block32-unstacked"]["tokens_per_s"],
+            "stacking_speedup": stacking_speedup,
         },
     }
 
@@ -136,6 +148,9 @@ def table(result: dict) -> str:
     layers = result["layers"]
     lines.append(f"engine layer loop (B=32 static): transformers modules {layers['modules_tokens_per_s']:.1f} -> lean "
                  f"{layers['lean_tokens_per_s']:.1f} tokens/s (medians); paired speed-up {layers['speedup']:.2f}x")
+    lines.append(f"  of which stacked projections (B=32 static): one matmul each "
+                 f"{layers['unstacked_tokens_per_s']:.1f} -> stacked {layers['lean_tokens_per_s']:.1f} tokens/s "
+                 f"(medians); paired speed-up {layers['stacking_speedup']:.2f}x")
     return "\n".join(lines)
 
 

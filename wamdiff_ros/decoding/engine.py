@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,54 @@ from transformers import DynamicCache
 from wamdiff_ros.decoding import masks
 from wamdiff_ros.decoding.attention import select_attention
 from wamdiff_ros.inputs import PromptInputs
+
+
+FUSE_MAX_BYTES = 64 << 20  # projections fused only below this: dispatch dominates small models, not big ones
+_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layers -> (weights' identity, fused layers)
+
+
+@dataclass(frozen=True, slots=True)
+class FusedLayer:
+    """One decoder layer's projections stacked so that one matmul replaces several (CPU, fp32, small models)."""
+
+    qkv: torch.Tensor  # q_proj, k_proj, v_proj weights stacked by rows
+    gate_up: torch.Tensor  # gate_proj, up_proj
+    qk_norm: torch.Tensor  # (heads + kv_heads, head_dim): q_norm's weight for each query head, then k_norm's
+    heads: int
+    kv_heads: int
+    eps: float
+
+
+def fused_layers(layers, device: torch.device, dtype: torch.dtype) -> list[FusedLayer] | None:
+    """The layers' stacked projections, or None where stacking does not pay or would change the arithmetic: off the
+    CPU, outside fp32, with projection biases, or above ``FUSE_MAX_BYTES``. Built once per model and rebuilt when a
+    weight changes (in-place updates bump a tensor's version), so an engine per plan costs nothing extra."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return None
+    parts = [(layer.self_attn, layer.mlp) for layer in layers]
+    sources = [p.weight for a, m in parts for p in (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj)]
+    if any(p.bias is not None for a, m in parts for p in (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj)):
+        return None
+    if any(a.q_norm.variance_epsilon != a.k_norm.variance_epsilon for a, _ in parts):
+        return None
+    if sum(w.numel() * w.element_size() for w in sources) > FUSE_MAX_BYTES:
+        return None
+    key = tuple((w.data_ptr(), w._version) for w in sources)
+    hit = _FUSED.get(layers)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    fused = []
+    with torch.no_grad():
+        for a, m in parts:
+            heads, kv_heads = a.q_proj.weight.shape[0] // a.head_dim, a.k_proj.weight.shape[0] // a.head_dim
+            fused.append(FusedLayer(
+                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                torch.cat([a.q_norm.weight.expand(heads, -1), a.k_norm.weight.expand(kv_heads, -1)]),
+                heads, kv_heads, a.q_norm.variance_epsilon,
+            ))
+    _FUSED[layers] = (key, fused)
+    return fused
 
 
 @functools.lru_cache(maxsize=8)
@@ -63,6 +113,7 @@ class DecoderEngine:
             strict=strict,
         )
         self._cache_kwarg = _cache_kwarg(type(model))
+        self._fused = fused_layers(self.layers, self.device, self.dtype)
 
     # -- prompt ---------------------------------------------------------------------------------------------------
     def prefill(self, prompt: PromptInputs, prompt_block_size: int = 1) -> torch.Tensor:
@@ -159,8 +210,9 @@ class DecoderEngine:
     def _layers(self, tokens: torch.Tensor, pos: torch.Tensor, skip: int, attention) -> torch.Tensor:
         """The text decoder on response tokens: the transformers layers' arithmetic op for op, with fewer ops where
         that is exact (one fused RMSNorm in fp32, the rotary embedding applied to the queries and keys at once, the
-        projections called without their module wrappers). A tiny model on a CPU spends its decode time dispatching
-        ops, so this decodes about 1.1x faster there (``wamdiff-bench decode``, its "engine layer loop" line);
+        projections called without their module wrappers; on a CPU the q/k/v and gate/up projections as one matmul
+        each and the q/k norms as one, ``fused_layers``). A tiny model on a CPU spends its decode time dispatching
+        ops, so this decodes about 1.2x faster there (``wamdiff-bench decode``, its "engine layer loop" line);
         ``test_decoding.py`` checks the logits equal ``reference.module_layers``' bit for bit."""
         n = tokens.shape[0]
         cos, sin = self._cos.index_select(0, pos)[None, None], self._sin.index_select(0, pos)[None, None]
@@ -169,18 +221,30 @@ class DecoderEngine:
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             x = _rms_norm(h, layer.input_layernorm)
-            shape = (1, n, -1, attn.head_dim)
-            q = _rms_norm(_linear(x, attn.q_proj).view(shape), attn.q_norm).transpose(1, 2)
-            k = _rms_norm(_linear(x, attn.k_proj).view(shape), attn.k_norm).transpose(1, 2)
-            v = _linear(x, attn.v_proj).view(shape).transpose(1, 2)
-            qk = _rotate(torch.cat((q, k), 1), cos, sin)
-            q, k = qk[:, : q.shape[1]], qk[:, q.shape[1] :]
+            if self._fused is None:
+                shape = (1, n, -1, attn.head_dim)
+                q = _rms_norm(_linear(x, attn.q_proj).view(shape), attn.q_norm).transpose(1, 2)
+                k = _rms_norm(_linear(x, attn.k_proj).view(shape), attn.k_norm).transpose(1, 2)
+                v = _linear(x, attn.v_proj).view(shape).transpose(1, 2)
+                heads = q.shape[1]
+                qk = _rotate(torch.cat((q, k), 1), cos, sin)
+            else:
+                f = self._fused[i]
+                heads, qk_heads = f.heads, f.heads + f.kv_heads
+                y = F.linear(x, f.qkv).view(1, n, -1, attn.head_dim)
+                qk = F.rms_norm(y[:, :, :qk_heads], (attn.head_dim,), None, f.eps) * f.qk_norm
+                qk, v = _rotate(qk.transpose(1, 2), cos, sin), y[:, :, qk_heads:].transpose(1, 2)
+            q, k = qk[:, :heads], qk[:, heads:]
             self.keys[i, 0].index_copy_(1, pos, k[0])
             self.values[i, 0].index_copy_(1, pos, v[0])
             o = attention.run(q, self.keys[i], self.values[i])
             h = h + _linear(o.transpose(1, 2).reshape(1, n, -1), attn.o_proj)
             x = _rms_norm(h, layer.post_attention_layernorm)
-            h = h + _linear(mlp.act_fn(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
+            if self._fused is None:
+                gate, up = _linear(x, mlp.gate_proj), _linear(x, mlp.up_proj)
+            else:
+                gate, up = F.linear(x, self._fused[i].gate_up).chunk(2, -1)
+            h = h + _linear(mlp.act_fn(gate) * up, mlp.down_proj)
         return _linear(_rms_norm(h[:, skip:], self.norm), self.lm_head)[0]
 
 

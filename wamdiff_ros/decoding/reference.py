@@ -5,7 +5,8 @@
   any faster backend) must reproduce. Slow by design; used by tests and for checking new backends.
 - ``module_layers``: the cached engine's response-token forward through the transformers modules themselves, the
   arithmetic ``DecoderEngine._layers`` must reproduce bit for bit in fp32; ``modules_in_engine`` makes every engine
-  use it for a while (the decode benchmark's contender for the layer loop).
+  use it for a while (the decode benchmark's contender for the layer loop); ``unstacked_engines`` keeps the lean
+  loop but every projection its own matmul (the benchmark's contender for the CPU's stacked projections).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 import torch
 from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb
 
+from wamdiff_ros.decoding import engine as engine_module
 from wamdiff_ros.decoding import masks
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.inputs import PromptInputs
@@ -95,3 +97,15 @@ def modules_in_engine() -> Iterator[None]:
         yield
     finally:
         DecoderEngine._layers = lean
+
+
+@contextlib.contextmanager
+def unstacked_engines() -> Iterator[None]:
+    """While open, engines built run every projection as its own matmul (``engine.fused_layers`` returns None), as
+    off the CPU. Not thread-safe: for benchmarks and tests."""
+    stacked = engine_module.fused_layers
+    engine_module.fused_layers = lambda *args: None
+    try:
+        yield
+    finally:
+        engine_module.fused_layers = stacked
