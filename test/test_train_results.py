@@ -504,3 +504,26 @@ def test_runs_that_are_not_on_this_machine_keep_their_logged_entries(evaluated, 
     assert runs_after["student/cross_scale"]["checkpoint"].startswith(str(root))
     assert runs_after["student/ablation/fkl"]["status"] == "not run"
     assert _load(out, "runs")["data"] == _load(evaluated, "runs")["data"]
+
+
+def test_render_names_where_each_run_was_measured(evaluated, tmp_path, rendered):
+    """Every closed-loop entry records its machine and commit; real time is judged only between runs measured on the
+    same one (a re-measured AR model next to a student logged elsewhere is named, not compared)."""
+    text, _ = rendered
+    piece = _load(evaluated, "closed_loop")
+    hosts = [e["host"] for e in piece["entries"].values()]
+    assert all({"cpu", "cores", "torch", "commit"} <= set(h) for h in hosts) and hosts[0]["cores"] >= 1
+    assert "Every run here was measured on " in text and "(issue 7)" in text
+    for name in ("open_loop", "closed_loop"):
+        shutil.copy(evaluated / f"{name}.json", tmp_path / f"{name}.json")
+    piece["entries"]["ar"]["host"] = {**piece["entries"]["ar"]["host"], "commit": "0123456789ab"}
+    del piece["entries"]["baselines"]["host"]
+    (tmp_path / "closed_loop.json").write_text(json.dumps(piece))
+    md = tmp_path / "RESULTS.md"
+    assert train_main(["results", "render", "--results", str(tmp_path), "--out", str(md)]) == 0
+    apart = md.read_text()
+    assert "Measured apart (real-time rows compare only within one machine and one version of the code):" in apart
+    assert "commit 0123456789ab" in apart and "- expert + constant velocity: not recorded" in apart
+    checks = apart.split("### Acceptance (issue 7)")[1].split("## Runs")[0]
+    assert re.search(r"^- – realtime: student DS [\d.]+ > AR DS [\d.]+: not judged, the two were measured on "
+                     r"different machines or code$", checks, re.M)

@@ -540,7 +540,7 @@ def compact_report(report: dict, rename: dict[str, str]) -> dict:
     run = report.get("run", {})
     return {"groups": groups, "episodes": episodes, "level": report["summary"].get("level", LEVEL),
             "scenario_set": run.get("scenario_set"), "scenario_version": run.get("scenario_version"),
-            "wall_s": run.get("wall_s")}
+            "wall_s": run.get("wall_s"), "host": run.get("host")}
 
 
 def evaluate_closed_loop(root: Path, out: Path, work: Path, args: argparse.Namespace,
@@ -1101,10 +1101,46 @@ def render_closed_loop(piece: dict | None, open_loop: dict | None) -> tuple[list
             elif a == "student" and b == "ar":
                 prow.append([what, mode, "-", "not run"])
     lines += _table(["pair", "mode", "paired episodes", "DS difference [CI]"], prow, "llrl")
+    lines += _hosts(piece["entries"], labels)
     videos = (piece["entries"].get("student") or {}).get("videos")
     if videos:
         lines += ["", "Videos of the final student (paused, not committed): " + ", ".join(f"`{v}`" for v in videos)]
     return lines + [""], acceptance(piece, open_loop)
+
+
+def _measured_apart(entries: dict, a: str, b: str) -> bool:
+    """Whether entries ``a`` and ``b`` ran apart: both recorded where and it differs, or only one recorded it (a new
+    run next to one logged before hosts were). Two older logs are taken as one run, as they were made."""
+    from wamdiff_ros.provenance import same_host
+
+    ha, hb = (entries.get(a) or {}).get("host"), (entries.get(b) or {}).get("host")
+    return bool(ha) != bool(hb) or same_host(ha, hb) is False
+
+
+def _host_text(host: dict) -> str:
+    return (f"{host.get('cpu')} ({host.get('cores')} cores), torch {host.get('torch')}, "
+            f"commit {host.get('commit') or 'unknown'}")
+
+
+def _hosts(entries: dict, labels: dict[str, str]) -> list[str]:
+    """Where each closed-loop run was measured. Real-time rows depend on the machine's speed and the decoder's code,
+    so rows measured apart are named as such."""
+    from wamdiff_ros.provenance import same_host
+
+    ok = {k: e for k, e in entries.items() if e.get("status") == "ok"}
+    if not ok:
+        return []
+    hosts = {k: e.get("host") for k, e in ok.items()}
+    recorded = [h for h in hosts.values() if h]
+    if not recorded:
+        return ["", "The machine and code of each run were not recorded (these logs predate that)."]
+    if len(recorded) == len(hosts) and all(same_host(recorded[0], h) for h in recorded):
+        return ["", f"Every run here was measured on {_host_text(recorded[0])}."]
+    names = {"baselines": "expert + constant velocity", **labels}
+    lines = ["", "Measured apart (real-time rows compare only within one machine and one version of the code):", ""]
+    lines += [f"- {names.get(k, k)}: {_host_text(h) if h else 'not recorded (logged before hosts were)'}"
+              for k, h in hosts.items()]
+    return lines
 
 
 def acceptance(piece: dict | None, open_loop: dict | None) -> list[tuple[bool | None, str]]:
@@ -1134,7 +1170,11 @@ def acceptance(piece: dict | None, open_loop: dict | None) -> list[tuple[bool | 
     else:
         checks.append((None, "paired (student − AR) CI lower bound ≥ −5: not run"))
     st_rt, ar_rt = _group(groups, "student", "realtime"), _group(groups, "ar", "realtime")
-    if ds(st_rt) is not None and ds(ar_rt) is not None:
+    entries = piece["entries"] if piece else {}
+    if ds(st_rt) is not None and ds(ar_rt) is not None and _measured_apart(entries, "student", "ar"):
+        checks.append((None, f"realtime: student DS {_f(ds(st_rt), 1)} > AR DS {_f(ds(ar_rt), 1)}: not judged, "
+                             "the two were measured on different machines or code"))
+    elif ds(st_rt) is not None and ds(ar_rt) is not None:
         checks.append((ds(st_rt) > ds(ar_rt), f"realtime: student DS {_f(ds(st_rt), 1)} > AR DS {_f(ds(ar_rt), 1)}"))
     else:
         checks.append((None, "realtime student DS > AR DS: not run"))

@@ -28,6 +28,7 @@ from wamdiff_ros.decoding.reference import modules_in_engine, unstacked_engines
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.model import load
+from wamdiff_ros.provenance import host_info
 
 BLOCK_SIZES = (4, 8, 16, 32)
 
@@ -98,6 +99,7 @@ def run(model: str, new_tokens: int, runs: int, static_steps: int, device: str, 
     return {
         "model": bundle.source,
         "device": device,
+        "host": host_info(),
         "torch_threads": torch.get_num_threads(),
         "new_tokens": new_tokens,
         "runs": runs,

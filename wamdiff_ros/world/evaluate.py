@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from wamdiff_ros.decoding.unmask import SCHEDULES
 from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, is_model
+from wamdiff_ros.provenance import host_info
 from wamdiff_ros.world.closed_loop import (MODES, ConstantVelocityPlanner, EpisodeResult, ExpertPlanner, LoopConfig,
                                            ModelPlanner, run_episode)
 from wamdiff_ros.world.metrics import EpisodeLog, score_episode
@@ -243,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     report["run"] = {"argv": sys.argv[1:] if argv is None else argv, "model": model, "scenario_set": scenario_set.source,
                      "scenario_version": scenario_set.version, "modes": modes, "planners": planners,
                      "episodes_per_scenario": args.episodes, "first_seed": args.seed, "workers": args.workers,
-                     "wall_s": round(time.perf_counter() - start, 1), "throughput": throughput, **config}
+                     "wall_s": round(time.perf_counter() - start, 1), "throughput": throughput, **config,
+                     "host": host_info()}
     paths.json.write_text(json.dumps(report, indent=1))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
