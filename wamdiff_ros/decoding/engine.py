@@ -51,9 +51,10 @@ def fused_layers(layers, device: torch.device, dtype: torch.dtype) -> list[Fused
     if device.type != "cpu" or dtype != torch.float32:
         return None
     parts = [(layer.self_attn, layer.mlp) for layer in layers]
-    sources = [p.weight for a, m in parts for p in (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj)]
-    if any(p.bias is not None for a, m in parts for p in (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj)):
+    projections = [p for a, m in parts for p in (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj)]
+    if any(p.bias is not None for p in projections):
         return None
+    sources = [p.weight for p in projections]
     if any(a.q_norm.variance_epsilon != a.k_norm.variance_epsilon for a, _ in parts):
         return None
     if sum(w.numel() * w.element_size() for w in sources) > FUSE_MAX_BYTES:
