@@ -524,6 +524,7 @@ def test_render_names_where_each_run_was_measured(evaluated, tmp_path, rendered)
     apart = md.read_text()
     assert "Measured apart (real-time rows compare only within one machine and one version of the code):" in apart
     assert "commit 0123456789ab" in apart and "- expert + constant velocity: not recorded" in apart
+    assert "| final student − AR model † | realtime | 1 |" in apart and "† the two were measured apart" in apart
     checks = apart.split("### Acceptance (issue 7)")[1].split("## Runs")[0]
     assert re.search(r"^- – realtime: student DS [\d.]+ > AR DS [\d.]+: not judged, the two were measured on "
                      r"different machines or code$", checks, re.M)

@@ -1094,13 +1094,17 @@ def render_closed_loop(piece: dict | None, open_loop: dict | None) -> tuple[list
     for a, b, what in (("student", "ar", "final student − AR model"),
                        ("student_stage2", "ar", "Stage II student − AR model"),
                        ("student", "student_stage2", "final student − Stage II student (what Stage III did)")):
+        apart = _measured_apart(piece["entries"], a, b)
         for mode in s["modes"]:
             p = paired(episodes, a, b, mode)
             if p is not None:
-                prow.append([what, mode, p["episodes"], f"{_f(p['diff'], 1)} [{_f(p['lo'], 1)}, {_f(p['hi'], 1)}]"])
+                prow.append([what + (" †" if apart else ""), mode, p["episodes"],
+                             f"{_f(p['diff'], 1)} [{_f(p['lo'], 1)}, {_f(p['hi'], 1)}]"])
             elif a == "student" and b == "ar":
                 prow.append([what, mode, "-", "not run"])
     lines += _table(["pair", "mode", "paired episodes", "DS difference [CI]"], prow, "llrl")
+    if any(row[0].endswith(" †") for row in prow):
+        lines += ["", "† the two were measured apart (below): the real-time difference mixes machines or code."]
     lines += _hosts(piece["entries"], labels)
     videos = (piece["entries"].get("student") or {}).get("videos")
     if videos:
