@@ -110,6 +110,11 @@ def test_stacked_projections_follow_the_weights(scaled_bundle):
     assert torch.equal(second[1].qkv[q_rows:q_rows + k_rows], attn.k_proj.weight)
     assert second[1].heads * attn.head_dim == q_rows and second[1].kv_heads * attn.head_dim == k_rows
     assert fused_layers(layers, cpu, torch.bfloat16) is None
+    with torch.inference_mode():  # weights without a version counter: not stacked, nothing to go stale
+        frozen = copy.deepcopy(layers)
+        for p in frozen.parameters():
+            p.data = p.data.clone()
+    assert fused_layers(frozen, cpu, torch.float32) is None
 
 
 def test_a_whole_decode_is_the_same_through_the_modules(scaled_bundle, road_image):

@@ -45,9 +45,10 @@ class FusedLayer:
 
 
 def fused_layers(layers, device: torch.device, dtype: torch.dtype) -> list[FusedLayer] | None:
-    """The layers' stacked projections, or None where stacking does not pay or would change the arithmetic: off the
-    CPU, outside fp32, with projection biases, or above ``FUSE_MAX_BYTES``. Built once per model and rebuilt when a
-    weight changes (in-place updates bump a tensor's version), so an engine per plan costs nothing extra."""
+    """The layers' stacked projections, or None where stacking does not pay, would change the arithmetic or could
+    go stale: off the CPU, outside fp32, with projection biases, above ``FUSE_MAX_BYTES``, or with weights made under
+    inference mode (they keep no version counter). Built once per model and rebuilt when a weight changes (in-place
+    updates bump a tensor's version), so an engine per plan costs nothing extra."""
     if device.type != "cpu" or dtype != torch.float32:
         return None
     parts = [(layer.self_attn, layer.mlp) for layer in layers]
@@ -55,6 +56,8 @@ def fused_layers(layers, device: torch.device, dtype: torch.dtype) -> list[Fused
     if any(p.bias is not None for p in projections):
         return None
     sources = [p.weight for p in projections]
+    if any(w.is_inference() for w in sources):  # made under inference_mode: no version counter to watch
+        return None
     if any(a.q_norm.variance_epsilon != a.k_norm.variance_epsilon for a, _ in parts):
         return None
     if sum(w.numel() * w.element_size() for w in sources) > FUSE_MAX_BYTES:
