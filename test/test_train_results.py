@@ -304,6 +304,7 @@ def test_evaluate_again_keeps_and_adds_only_what_is_new(evaluated, fake, short_s
 @pytest.mark.parametrize("argv, message", [
     (["--only", "open_loop,nonsense"], "--only: unknown piece(s) nonsense"),
     (["--root", "/no/such/root"], "--root /no/such/root: no such folder"),
+    (["--only", "closed_loop", "--redo", "ar,teacher"], "--redo: unknown closed-loop key(s) teacher"),
 ])
 def test_bad_arguments_exit_2(argv, message, capsys, tmp_path):
     assert train_main(["results", "evaluate", "--out", str(tmp_path / "r"), *argv]) == 2
@@ -528,3 +529,23 @@ def test_render_names_where_each_run_was_measured(evaluated, tmp_path, rendered)
     checks = apart.split("### Acceptance (issue 7)")[1].split("## Runs")[0]
     assert re.search(r"^- – realtime: student DS [\d.]+ > AR DS [\d.]+: not judged, the two were measured on "
                      r"different machines or code$", checks, re.M)
+
+
+def test_redo_drives_only_the_named_planners_again(evaluated, fake, short_scenario_file, monkeypatch):
+    """After a decoder speed-up the real-time rows are stale though the weights are not: --redo drives the named
+    planners again and keeps every other entry as logged."""
+    out = fake["base"] / "results_redo"
+    shutil.copytree(evaluated, out)
+    before = _load(out, "closed_loop")["entries"]
+    from wamdiff_ros.world import evaluate as closed_loop_cli
+
+    driven = []
+    real = closed_loop_cli.main
+    monkeypatch.setattr(closed_loop_cli, "main", lambda argv: driven.append(argv[argv.index("--model") + 1])
+                        or real(argv))
+    assert train_main(_evaluate_argv(fake, out, short_scenario_file, "--only", "closed_loop", "--redo", "ar")) == 0
+    assert len(driven) == 1 and "snapshots/ar/" in driven[0]
+    after = _load(out, "closed_loop")["entries"]
+    assert list(after) == list(before) and after["baselines"] == before["baselines"]
+    assert after["student"] == before["student"] and after["ar"]["status"] == "ok"
+    assert after["ar"]["weights"] == before["ar"]["weights"] and after["ar"]["host"]["cores"] >= 1

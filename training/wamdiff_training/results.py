@@ -83,6 +83,7 @@ CLOSED_LOOP = (  # planner names in closed_loop.json; None: the baselines' run (
     Target("student", "student/cross_scale", "final student (B=32)"),
     Target("teacher_ar", "teacher/ar", "teacher AR (teacher/ar)"),
 )
+REDO_KEYS = tuple(t.key for t in CLOSED_LOOP)
 OPTIONAL_CLOSED_LOOP = ("student_stage2",)  # driven when its run exists (the Stage III comparison), else skipped
 PLANNER_LABELS = {"expert": "expert", "constant_velocity": "constant velocity",
                   **{t.key: t.label for t in CLOSED_LOOP if t.run}}
@@ -544,7 +545,7 @@ def compact_report(report: dict, rename: dict[str, str]) -> dict:
 
 
 def evaluate_closed_loop(root: Path, out: Path, work: Path, args: argparse.Namespace,
-                         targets: tuple[Target, ...] = CLOSED_LOOP) -> dict:
+                         targets: tuple[Target, ...] = CLOSED_LOOP, redo: set[str] = frozenset()) -> dict:
     modes = ["paused", "realtime"]
     settings = {"root": str(root), "episodes_per_scenario": args.episodes, "first_seed": args.seed,
                 "scenarios": args.scenarios, "scenario_file": args.scenario_file, "modes": modes,
@@ -573,7 +574,7 @@ def evaluate_closed_loop(root: Path, out: Path, work: Path, args: argparse.Names
             log.info("results: closed_loop/%s: not run (%s)", target.key, why)
             piece.put(target.key, {**base, "status": "not run", "reason": why})
             continue
-        if piece.current(target.key, ckpt) is not None:
+        if target.key not in redo and piece.current(target.key, ckpt) is not None:
             piece.kept += 1
             log.info("results: closed_loop/%s: kept", target.key)
             continue
@@ -780,6 +781,10 @@ def evaluate_all(args: argparse.Namespace) -> dict[str, str]:
     unknown = set(only) - set(PIECES)
     if unknown:
         raise ResultsError(f"--only: unknown piece(s) {', '.join(sorted(unknown))}; known: {', '.join(PIECES)}")
+    redo = set(args.redo.split(",")) if getattr(args, "redo", None) else set()
+    if redo - set(REDO_KEYS):
+        raise ResultsError(f"--redo: unknown closed-loop key(s) {', '.join(sorted(redo - set(REDO_KEYS)))}; "
+                           f"known: {', '.join(REDO_KEYS)}")
     if not root.is_dir():
         raise ResultsError(f"--root {root}: no such folder")
     if args.episodes < 1 or args.workers < 1 or (args.max_samples is not None and args.max_samples < 1):
@@ -810,7 +815,7 @@ def evaluate_all(args: argparse.Namespace) -> dict[str, str]:
                                        args.force, settings)
             done[name] = _status(piece)
     if "closed_loop" in only:
-        done["closed_loop"] = _status(evaluate_closed_loop(root, out, work, args, with_ar(CLOSED_LOOP, ar)))
+        done["closed_loop"] = _status(evaluate_closed_loop(root, out, work, args, with_ar(CLOSED_LOOP, ar), redo))
     return done
 
 
@@ -1466,6 +1471,9 @@ def parser() -> argparse.ArgumentParser:
                    "without it the AR rows are <who>/ar")
     e.add_argument("--only", default=None, metavar="NAME,...", help=f"pieces to run, of {','.join(PIECES)}")
     e.add_argument("--force", action="store_true", help="evaluate again what the JSON already holds")
+    e.add_argument("--redo", default=None, metavar="KEY,...",
+                   help="closed loop: drive these planners again though their entries are current (say after a "
+                        f"decoder speed-up: real time depends on it), keeping the rest; of {','.join(REDO_KEYS)}")
     r = sub.add_parser("render", help="write RESULTS.md (and the L2 figure) from the JSON logs")
     r.add_argument("--results", default="training/results", help="folder of the JSON logs")
     r.add_argument("--out", default="training/RESULTS.md")
