@@ -781,7 +781,7 @@ def evaluate_all(args: argparse.Namespace) -> dict[str, str]:
     unknown = set(only) - set(PIECES)
     if unknown:
         raise ResultsError(f"--only: unknown piece(s) {', '.join(sorted(unknown))}; known: {', '.join(PIECES)}")
-    redo = set(args.redo.split(",")) if getattr(args, "redo", None) else set()
+    redo = set(args.redo.split(",")) if args.redo else set()
     if redo - set(REDO_KEYS):
         raise ResultsError(f"--redo: unknown closed-loop key(s) {', '.join(sorted(redo - set(REDO_KEYS)))}; "
                            f"known: {', '.join(REDO_KEYS)}")
@@ -1110,7 +1110,7 @@ def render_closed_loop(piece: dict | None, open_loop: dict | None) -> tuple[list
     lines += _table(["pair", "mode", "paired episodes", "DS difference [CI]"], prow, "llrl")
     if any(row[0].endswith(" †") for row in prow):
         lines += ["", "† the two were measured apart (below): the real-time difference mixes machines or code."]
-    lines += _hosts(piece["entries"], labels)
+    lines += _hosts(piece["entries"])
     videos = (piece["entries"].get("student") or {}).get("videos")
     if videos:
         lines += ["", "Videos of the final student (paused, not committed): " + ", ".join(f"`{v}`" for v in videos)]
@@ -1131,7 +1131,7 @@ def _host_text(host: dict) -> str:
             f"commit {host.get('commit') or 'unknown'}")
 
 
-def _hosts(entries: dict, labels: dict[str, str]) -> list[str]:
+def _hosts(entries: dict) -> list[str]:
     """Where each closed-loop run was measured. Real-time rows depend on the machine's speed and the decoder's code,
     so rows measured apart are named as such."""
     from wamdiff_ros.provenance import same_host
@@ -1145,9 +1145,8 @@ def _hosts(entries: dict, labels: dict[str, str]) -> list[str]:
         return ["", "The machine and code of each run were not recorded (these logs predate that)."]
     if len(recorded) == len(hosts) and all(same_host(recorded[0], h) for h in recorded):
         return ["", f"Every run here was measured on {_host_text(recorded[0])}."]
-    names = {"baselines": "expert + constant velocity", **labels}
     lines = ["", "Measured apart (real-time rows compare only within one machine and one version of the code):", ""]
-    lines += [f"- {names.get(k, k)}: {_host_text(h) if h else 'not recorded (logged before hosts were)'}"
+    lines += [f"- {ok[k].get('label', k)}: {_host_text(h) if h else 'not recorded (logged before hosts were)'}"
               for k, h in hosts.items()]
     return lines
 
@@ -1179,14 +1178,13 @@ def acceptance(piece: dict | None, open_loop: dict | None) -> list[tuple[bool | 
     else:
         checks.append((None, "paired (student − AR) CI lower bound ≥ −5: not run"))
     st_rt, ar_rt = _group(groups, "student", "realtime"), _group(groups, "ar", "realtime")
-    entries = piece["entries"] if piece else {}
-    if ds(st_rt) is not None and ds(ar_rt) is not None and _measured_apart(entries, "student", "ar"):
+    if ds(st_rt) is None or ds(ar_rt) is None:
+        checks.append((None, "realtime student DS > AR DS: not run"))
+    elif _measured_apart(piece["entries"], "student", "ar"):
         checks.append((None, f"realtime: student DS {_f(ds(st_rt), 1)} > AR DS {_f(ds(ar_rt), 1)}: not judged, "
                              "the two were measured on different machines or code"))
-    elif ds(st_rt) is not None and ds(ar_rt) is not None:
-        checks.append((ds(st_rt) > ds(ar_rt), f"realtime: student DS {_f(ds(st_rt), 1)} > AR DS {_f(ds(ar_rt), 1)}"))
     else:
-        checks.append((None, "realtime student DS > AR DS: not run"))
+        checks.append((ds(st_rt) > ds(ar_rt), f"realtime: student DS {_f(ds(st_rt), 1)} > AR DS {_f(ds(ar_rt), 1)}"))
     # forward calls per token on the same held-out episodes (the issue scopes every check to them), in the mode that
     # needs more; the open-loop figure on the held-out split beside it
     drives = [(g["forward_calls_per_token"], m) for m in ("paused", "realtime")

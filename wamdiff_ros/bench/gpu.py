@@ -51,6 +51,7 @@ from wamdiff_ros.decoding.graphs import GraphRunner, decode_ar_graphed, decode_b
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import PromptInputs, encode_prompt
 from wamdiff_ros.model import DecodeMeta, ModelBundle, ensure_mask_token, tiny_random
+from wamdiff_ros.provenance import cpu_name
 
 BLOCK_SIZES = (4, 8, 16, 32)
 IMAGE_WH = (448, 256)
@@ -322,7 +323,7 @@ def run(args) -> dict:
 
     result = {
         "benchmark": "gpu", "complete": False, "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda" else platform.processor() or "cpu",
+        if device.type == "cuda" else cpu_name(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "cuda": torch.version.cuda},
         "model": _model_card(bundle),

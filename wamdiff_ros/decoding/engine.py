@@ -224,8 +224,9 @@ class DecoderEngine:
         h = self.embed(tokens)[None]
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
+            f = self._fused[i] if self._fused is not None else None
             x = _rms_norm(h, layer.input_layernorm)
-            if self._fused is None:
+            if f is None:
                 shape = (1, n, -1, attn.head_dim)
                 q = _rms_norm(_linear(x, attn.q_proj).view(shape), attn.q_norm).transpose(1, 2)
                 k = _rms_norm(_linear(x, attn.k_proj).view(shape), attn.k_norm).transpose(1, 2)
@@ -233,7 +234,6 @@ class DecoderEngine:
                 heads = q.shape[1]
                 qk = _rotate(torch.cat((q, k), 1), cos, sin)
             else:
-                f = self._fused[i]
                 heads, qk_heads = f.heads, f.heads + f.kv_heads
                 y = F.linear(x, f.qkv).view(1, n, -1, attn.head_dim)
                 qk = F.rms_norm(y[:, :, :qk_heads], (attn.head_dim,), None, f.eps) * f.qk_norm
@@ -244,10 +244,10 @@ class DecoderEngine:
             o = attention.run(q, self.keys[i], self.values[i])
             h = h + _linear(o.transpose(1, 2).reshape(1, n, -1), attn.o_proj)
             x = _rms_norm(h, layer.post_attention_layernorm)
-            if self._fused is None:
+            if f is None:
                 gate, up = _linear(x, mlp.gate_proj), _linear(x, mlp.up_proj)
             else:
-                gate, up = F.linear(x, self._fused[i].gate_up).chunk(2, -1)
+                gate, up = F.linear(x, f.gate_up).chunk(2, -1)
             h = h + _linear(mlp.act_fn(gate) * up, mlp.down_proj)
         return _linear(_rms_norm(h[:, skip:], self.norm), self.lm_head)[0]
 
