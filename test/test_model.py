@@ -106,6 +106,22 @@ def test_pickle_only_and_foreign_checkpoints_are_refused(saved, tmp_path):
         load(tmp_path / "missing")
 
 
+def test_a_training_run_folder_loads_its_latest_checkpoint(saved, tmp_path):
+    """``wamdiff-train``'s --out folder: ``checkpoints/latest`` names the step folder the loader reads."""
+    bundle, folder = saved
+    run = tmp_path / "run"
+    shutil.copytree(folder, run / "checkpoints" / "step-000300")
+    shutil.copytree(folder, run / "checkpoints" / "step-000200")
+    (run / "checkpoints" / "latest").write_text("step-000300\n")
+    loaded = load(run)
+    assert loaded.source == str(run / "checkpoints" / "step-000300")
+    a, b = bundle.model.state_dict(), loaded.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    (run / "checkpoints" / "latest").write_text("step-000400")
+    with pytest.raises(CheckpointError, match=r"latest: names no checkpoint folder \('step-000400'\)"):
+        load(run)
+
+
 def test_wam_diff2_renamed_checkpoint_loads(saved, tmp_path):
     """WAM-Diff2 ships renamed classes (model_type wam_diff2) with block_size in config.json and no wamdiff.json."""
     bundle, folder = saved

@@ -170,12 +170,29 @@ def _check_weights(folder: Path) -> list[Path]:
     return files
 
 
+def run_checkpoint(folder: Path) -> Path:
+    """A training run's folder (``wamdiff-train``'s ``--out``: no config.json, a ``checkpoints/latest`` pointer) ->
+    the checkpoint the pointer names; any other folder unchanged."""
+    pointer = folder / "checkpoints" / "latest"
+    if (folder / "config.json").exists() or not pointer.is_file():
+        return folder
+    try:
+        name = pointer.read_text().strip()
+    except OSError as exc:
+        raise CheckpointError(f"{pointer}: unreadable checkpoint pointer ({exc.strerror or exc})") from exc
+    if not name or "/" in name or not (pointer.parent / name).is_dir():
+        raise CheckpointError(f"{pointer}: names no checkpoint folder ({name!r})")
+    log.info("%s: a training run; loading its latest checkpoint %s", folder, name)
+    return pointer.parent / name
+
+
 def load_checkpoint(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> ModelBundle:
     folder = Path(path)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a checkpoint folder (expected config.json + *.safetensors)")
+    folder = run_checkpoint(folder)
     config = _read_config(folder)
     meta = _read_meta(folder, config)
     _check_weights(folder)
@@ -247,7 +264,8 @@ def tiny_random(
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> ModelBundle:
-    """``path``: a checkpoint folder, a packaged model's name (``wamdiff-tiny``) or ``tiny-random``."""
+    """``path``: a checkpoint folder, a training run's folder (its latest checkpoint), a packaged model's name
+    (``wamdiff-tiny``) or ``tiny-random``."""
     if str(path) == TINY_RANDOM:
         return tiny_random(device=device, dtype=dtype)
     return load_checkpoint(resolve(path), device=device, dtype=dtype)

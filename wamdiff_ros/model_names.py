@@ -10,7 +10,8 @@ TINY_RANDOM = "tiny-random"  # random weights, for tests and benchmarks of the m
 # trains on the package's own world (model card: wamdiff_ros/assets/wamdiff-tiny/README.md).
 DEFAULT_MODEL = "wamdiff-tiny"
 PACKAGED_MODELS = {DEFAULT_MODEL: Path(__file__).resolve().parent / "assets" / "wamdiff-tiny"}
-MODEL_HELP = f"checkpoint folder, {DEFAULT_MODEL} (default: the packaged trained student) or {TINY_RANDOM}"
+MODEL_HELP = (f"checkpoint folder (a wamdiff-train run folder: its latest checkpoint), {DEFAULT_MODEL} (default: the "
+              f"packaged trained student) or {TINY_RANDOM}")
 
 
 def resolve(path: str | Path) -> str | Path:
