@@ -118,7 +118,10 @@ def test_a_training_run_folder_loads_its_latest_checkpoint(saved, tmp_path):
     a, b = bundle.model.state_dict(), loaded.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     (run / "checkpoints" / "latest").write_text("step-000400")
-    with pytest.raises(CheckpointError, match=r"latest: names no checkpoint folder \('step-000400'\)"):
+    with pytest.raises(CheckpointError, match=r"step-000400: not a checkpoint folder"):
+        load(run)
+    (run / "checkpoints" / "latest").write_text("../elsewhere")
+    with pytest.raises(CheckpointError, match=r"latest: corrupt pointer '../elsewhere'"):
         load(run)
 
 

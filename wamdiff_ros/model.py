@@ -170,19 +170,18 @@ def _check_weights(folder: Path) -> list[Path]:
     return files
 
 
-def run_checkpoint(folder: Path) -> Path:
-    """A training run's folder (``wamdiff-train``'s ``--out``: no config.json, a ``checkpoints/latest`` pointer) ->
-    the checkpoint the pointer names; any other folder unchanged."""
-    pointer = folder / "checkpoints" / "latest"
-    if (folder / "config.json").exists() or not pointer.is_file():
-        return folder
+LATEST_POINTER = "latest"  # a training run's checkpoints/<this> names its newest checkpoint folder
+
+
+def latest_checkpoint(run: str | Path) -> Path:
+    """The checkpoint folder a training run's ``checkpoints/latest`` pointer names (``wamdiff-train``'s --out)."""
+    pointer = Path(run) / "checkpoints" / LATEST_POINTER
     try:
         name = pointer.read_text().strip()
     except OSError as exc:
-        raise CheckpointError(f"{pointer}: unreadable checkpoint pointer ({exc.strerror or exc})") from exc
-    if not name or "/" in name or not (pointer.parent / name).is_dir():
-        raise CheckpointError(f"{pointer}: names no checkpoint folder ({name!r})")
-    log.info("%s: a training run; loading its latest checkpoint %s", folder, name)
+        raise CheckpointError(f"{pointer}: no checkpoint ({exc.strerror or exc})") from exc
+    if not name or "/" in name:
+        raise CheckpointError(f"{pointer}: corrupt pointer {name!r}")
     return pointer.parent / name
 
 
@@ -190,9 +189,10 @@ def load_checkpoint(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> ModelBundle:
     folder = Path(path)
+    if not (folder / "config.json").exists() and (folder / "checkpoints" / LATEST_POINTER).is_file():
+        folder = latest_checkpoint(folder)  # a training run's folder: its newest checkpoint
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a checkpoint folder (expected config.json + *.safetensors)")
-    folder = run_checkpoint(folder)
     config = _read_config(folder)
     meta = _read_meta(folder, config)
     _check_weights(folder)

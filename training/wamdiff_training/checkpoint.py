@@ -29,11 +29,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from wamdiff_ros.errors import CheckpointError
-from wamdiff_ros.model import DecodeMeta, ModelBundle, load_checkpoint, save_checkpoint
+from wamdiff_ros.model import (
+    LATEST_POINTER, DecodeMeta, ModelBundle, latest_checkpoint, load_checkpoint, save_checkpoint,
+)
 
 STATE_FILE = "train_state.pt"
 MANIFEST = "manifest.json"
-LATEST = "latest"
+LATEST = LATEST_POINTER
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
@@ -148,16 +150,7 @@ def _save_model(bundle: ModelBundle, meta: DecodeMeta, state_dict: dict, folder:
 
 def resolve(resume: str | Path, out_dir: str | Path) -> Path:
     """``"latest"`` -> the folder ``<out>/checkpoints/latest`` names; anything else is a checkpoint folder."""
-    if str(resume) != LATEST:
-        return Path(resume)
-    pointer = checkpoints_dir(out_dir) / LATEST
-    try:
-        name = pointer.read_text().strip()
-    except OSError as exc:
-        raise CheckpointError(f"{pointer}: no checkpoint to resume from ({exc.strerror or exc})") from exc
-    if not name or "/" in name:
-        raise CheckpointError(f"{pointer}: corrupt pointer {name!r}")
-    return pointer.parent / name
+    return latest_checkpoint(out_dir) if str(resume) == LATEST else Path(resume)
 
 
 def read_state(folder: str | Path, fingerprint: str, world_size: int, stage: str) -> dict:
