@@ -472,6 +472,11 @@ def test_reuse_plan_trains_the_earlier_plans_runs_first_and_names_its_root(tmp_p
     assert (new / "student" / "ar" / "checkpoints").is_symlink()
     hierarchy.run(plan, dry_run=True, only=["student/ar"])  # a dry run trains nothing anywhere
     assert len(calls) == 3
+    (new / "student").rename(tmp_path / "linked")
+    (old / "student" / "ar" / "checkpoints" / "latest").write_text("step-000001\n")  # begun there, not done
+    (old / "student" / "ar" / "checkpoints" / "step-000001").mkdir()
+    dry = {name: what for name, what, _ in hierarchy.run(plan, dry_run=True, only=["student/ar"])}
+    assert dry == {"student/ar": f"to run in {old / 'student' / 'ar'} (at step 1), then reused"}
     for reuse, message in (({"runs": ["student/ar"]}, "reuse.plan"),
                            ({"plan": str(earlier), "root": str(tmp_path / "x"), "runs": []}, "not reuse.plan's root")):
         with pytest.raises(ConfigError, match=re.escape(message)):

@@ -405,6 +405,17 @@ def _is_done(step: Step, out_dir: Path) -> bool:
     return (out_dir / "train.json").is_file() if step.stage == "dagger-data" else _done_steps(out_dir) >= step.steps
 
 
+def _reuse_source(plan: HierarchyPlan, step: Step) -> Path | None:
+    """The earlier run folder ``plan.reuse`` would take ``step`` over from, done there or not; None when the plan
+    reuses nothing for it or the step has begun here."""
+    if plan.reuse is None or not any(fnmatch.fnmatchcase(step.name, p) for p in plan.reuse.runs):
+        return None
+    begun = step.out_dir if step.stage == "dagger-data" else step.out_dir / "checkpoints"
+    if begun.exists() or begun.is_symlink():
+        return None
+    return Path(plan.reuse.root) / step.out_dir.relative_to(plan.root)
+
+
 def link_reused(plan: HierarchyPlan, steps: list[Step], dry_run: bool = False) -> dict[str, Path]:
     """The steps ``plan.reuse`` takes over (name -> the earlier run folder): each done there and not begun here is
     linked in file by file (nothing is linked on a dry run)."""
@@ -412,11 +423,8 @@ def link_reused(plan: HierarchyPlan, steps: list[Step], dry_run: bool = False) -
         return {}
     reused = {}
     for step in steps:
-        if not any(fnmatch.fnmatchcase(step.name, pattern) for pattern in plan.reuse.runs):
-            continue
-        earlier = Path(plan.reuse.root) / step.out_dir.relative_to(plan.root)
-        begun = step.out_dir if step.stage == "dagger-data" else step.out_dir / "checkpoints"
-        if begun.exists() or begun.is_symlink() or not _is_done(step, earlier):
+        earlier = _reuse_source(plan, step)
+        if earlier is None or not _is_done(step, earlier):
             continue
         reused[step.name] = earlier
         if dry_run:
@@ -496,7 +504,12 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
             report.append((step.name, f"done ({done} steps)", _latest(step.out_dir)))
             continue
         if dry_run:
-            report.append((step.name, f"to run ({done}/{step.steps} steps)", None))
+            earlier = _reuse_source(plan, step) if plan.reuse is not None and plan.reuse.plan is not None else None
+            if earlier is not None:  # the earlier plan trains it first, then this one links it in
+                report.append((step.name, f"to run in {earlier} (at step {_done_steps(earlier)}), then reused",
+                               None))
+            else:
+                report.append((step.name, f"to run ({done}/{step.steps} steps)", None))
             continue
         for override in step.overrides:  # a DAgger export it trains on (maybe another model's) must be there
             if override.startswith("data.train="):
