@@ -1,4 +1,5 @@
-"""The planning cycle's plain parts (no rclpy): latest-frame slot, input checks, latency window, fallback stop."""
+"""The planning cycle's plain parts (no rclpy): latest-frame slot, odometry history, input checks, latency window,
+fallback stop."""
 
 import threading
 import time
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from wamdiff_ros.ros.cycle import (
-    Counters, InputLimits, LatencyWindow, LatestSlot, check_inputs, fallback_stop, to_ego,
+    Counters, InputLimits, LatencyWindow, LatestSlot, StampedHistory, check_inputs, fallback_stop, to_ego,
 )
 
 
@@ -33,6 +34,41 @@ def test_latest_slot_wakes_a_waiting_taker_and_closes():
     slot.close()
     t.join(2.0)
     assert not t.is_alive() and got[-1] is None
+
+
+def test_stamped_history_answers_the_value_nearest_a_stamp_and_starts_over_when_time_goes_back():
+    history: StampedHistory[str] = StampedHistory(size=3)
+    assert history.at(1.0) is None and history.newest() is None
+    for stamp in (0.95, 1.0, 1.05, 1.10):
+        history.add(stamp, f"odom {stamp}")
+    assert len(history) == 3  # the oldest fell out
+    assert history.at(1.04) == (1.05, "odom 1.05")
+    assert history.at(1.075)[0] == 1.05  # equally near: the older
+    assert history.at(0.0) == (1.0, "odom 1.0") and history.at(9.0) == (1.10, "odom 1.1")
+    assert history.newest() == (1.10, "odom 1.1")
+    history.add(0.5, "after a restart")
+    assert len(history) == 1 and history.at(1.0) == (0.5, "after a restart")
+    history.add(0.6, "b")
+    history.drop_after(0.55)
+    assert history.newest() == (0.5, "after a restart")
+    history.drop_after(0.0)
+    assert history.at(1.0) is None
+
+
+def test_a_frame_whose_odometry_is_still_in_flight_waits_for_it():
+    history: StampedHistory[str] = StampedHistory()
+    history.add(0.95, "the previous tick")
+    got = []
+    t = threading.Thread(target=lambda: got.append(history.at(1.0, wait_s=5.0)))
+    t.start()
+    time.sleep(0.05)
+    assert got == []  # still waiting: nothing stamped at or after the frame yet
+    history.add(1.0, "the frame's own tick")
+    t.join(2.0)
+    assert got == [(1.0, "the frame's own tick")]
+    start = time.monotonic()
+    assert history.at(2.0, wait_s=0.05) == (1.0, "the frame's own tick")  # none comes: the nearest after the wait
+    assert 0.04 <= time.monotonic() - start < 1.0
 
 
 LIMITS = InputLimits(sync_tolerance_s=0.1, command_timeout_s=10.0, future_tolerance_s=0.5)

@@ -27,7 +27,7 @@ def test_a_model_error_becomes_a_flagged_fallback_and_the_node_goes_on(monkeypat
         published = []
         monkeypatch.setattr(node._plan_pub, "publish", published.append)
         now = node.get_clock().now().nanoseconds * 1e-9
-        node._odom = (now, (0.0, 0.0, 0.0), EgoState((5.0, 0.0)))
+        node._odometry.add(now, ((0.0, 0.0, 0.0), EgoState((5.0, 0.0))))
         node._command = (now, fmt.Command.LEFT)
         header = type("Header", (), {"stamp": node.get_clock().now().to_msg()})()
         frame = Frame(now, header, np.full((64, 128, 3), 80, np.uint8))

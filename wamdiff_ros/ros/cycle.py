@@ -1,9 +1,11 @@
-"""The planning cycle's plain parts, free of rclpy: the latest-frame slot, input checks, latency statistics and the
-fallback stop. The node wires them to topics; tests drive them directly."""
+"""The planning cycle's plain parts, free of rclpy: the latest-frame slot, the odometry history that pairs a frame
+with the odometry of its own instant, input checks, latency statistics and the fallback stop. The node wires them to
+topics; tests drive them directly."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -49,6 +51,52 @@ class LatestSlot(Generic[T]):
     def reopen(self) -> None:
         with self._cond:
             self._closed = False
+
+
+class StampedHistory(Generic[T]):
+    """The last ``size`` values by stamp (seconds), filled by one callback and read by the inference thread.
+
+    A frame and the odometry of its instant arrive on different topics in either order, so the cycle does not take
+    the newest odometry: ``at(stamp, wait_s)`` waits up to ``wait_s`` (wall) for a value stamped at or after
+    ``stamp``, then answers the value nearest ``stamp`` (the older of two equally near). Values arrive in stamp
+    order; an older stamp means the clock jumped back (a looping bag, a restarted simulator): the history starts
+    over."""
+
+    def __init__(self, size: int = 64) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self._items: deque[tuple[float, T]] = deque(maxlen=size)
+        self._cond = threading.Condition()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, stamp: float, value: T) -> None:
+        with self._cond:
+            if self._items and stamp < self._items[-1][0]:
+                self._items.clear()
+            self._items.append((float(stamp), value))
+            self._cond.notify_all()
+
+    def drop_after(self, stamp: float) -> None:
+        """Forget the values stamped after ``stamp`` (what is left over from before a jump back in time)."""
+        with self._cond:
+            while self._items and self._items[-1][0] > stamp:
+                self._items.pop()
+
+    def newest(self) -> tuple[float, T] | None:
+        with self._cond:
+            return self._items[-1] if self._items else None
+
+    def at(self, stamp: float, wait_s: float = 0.0) -> tuple[float, T] | None:
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while not self._items or self._items[-1][0] < stamp:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return min(self._items, key=lambda item: abs(item[0] - stamp), default=None)
 
 
 class LatencyWindow:

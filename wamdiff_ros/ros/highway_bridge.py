@@ -243,8 +243,8 @@ class HighwayBridge(Node):
             self._end_episode()
 
     def _publish_state(self, wall: float, republish: bool = False, camera: bool = True) -> None:
-        """Clock and odometry every tick; command, camera_info and image on camera ticks (odometry goes first: the
-        planner pairs an image with the odometry it already has); no frame once the episode is over."""
+        """Clock and odometry every tick; command, camera_info and image on camera ticks (the planner pairs an image
+        with the odometry of its stamp, whichever arrives first); no frame once the episode is over."""
         ep, world = self.episode, self.episode.world
         self.clock_ns = ns = ep.start_ns + ep.ticks * self.dt_ns
         stamp = ns * 1e-9

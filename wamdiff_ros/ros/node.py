@@ -37,7 +37,8 @@ from wamdiff_ros.msg import DrivingCommand, PlannerOutput
 from wamdiff_ros.planner import EgoState, Plan, Planner, PlanStats
 from wamdiff_ros.ros import conversions as conv
 from wamdiff_ros.ros.outputs import planner_output_msg
-from wamdiff_ros.ros.cycle import Counters, InputLimits, LatencyWindow, LatestSlot, check_inputs, fallback_stop
+from wamdiff_ros.ros.cycle import (Counters, InputLimits, LatencyWindow, LatestSlot, StampedHistory, check_inputs,
+                                   fallback_stop)
 
 NODE_NAME = "wamdiff_planner"
 COMMANDS = {
@@ -96,6 +97,8 @@ class PlannerNode(LifecycleNode):
         p("image_depth", 1, _descriptor("image QoS history depth", 1, 100, True, read_only=True))
         p("model_fov_deg", 90.0, _descriptor("horizontal FOV the model was trained with", 10.0, 180.0))
         p("sync_tolerance_ms", 100.0, _descriptor("odometry must be this close to the image stamp", 0.0, 10000.0))
+        p("odometry_wait_ms", 50.0, _descriptor("how long a frame waits for odometry stamped at or after it", 0.0,
+                                                1000.0))
         p("command_timeout_s", 10.0, _descriptor("a navigation command older than this is stale", 0.0, 3600.0))
         p("deadline_ms", 1000.0, _descriptor("a plan later than this after its image is replaced", 1.0, 60000.0))
         p("fallback_decel", 2.0, _descriptor("deceleration of the fallback stop, m/s^2", 0.5, 8.0))
@@ -112,8 +115,8 @@ class PlannerNode(LifecycleNode):
         self.ros_overhead = LatencyWindow()  # message -> array conversion plus publishing the outputs
         self.slot: LatestSlot[Frame] = LatestSlot()
         self.estimator = conv.EgoEstimator()
-        self._lock = threading.Lock()  # guards the latest odometry / command / path
-        self._odom: tuple[float, tuple[float, float, float], EgoState] | None = None
+        self._lock = threading.Lock()  # guards the latest command / path
+        self._odometry: StampedHistory[tuple[tuple[float, float, float], EgoState]] = StampedHistory()
         self._command: tuple[float, fmt.Command] | None = None
         self._last_path_odom: np.ndarray | None = None
         self._last_image_stamp = -np.inf
@@ -330,8 +333,7 @@ class PlannerNode(LifecycleNode):
         except WamDiffError as exc:
             self._bad_input("odometry", exc)
             return
-        with self._lock:
-            self._odom = (stamp, pose, ego)
+        self._odometry.add(stamp, (pose, ego))
 
     def _on_command(self, msg: DrivingCommand) -> None:
         command = COMMANDS.get(msg.command)
@@ -365,23 +367,25 @@ class PlannerNode(LifecycleNode):
                 self.get_logger().error(f"planning cycle failed: {exc!r}", throttle_duration_sec=2.0)
 
     def _cycle(self, frame: Frame) -> None:
+        limits = InputLimits(self._param("sync_tolerance_ms") / 1e3, self._param("command_timeout_s"))
         if frame.stamp < self._last_image_stamp:  # a looping bag or a restarted simulator: start over
             self.counters.resets += 1
             self.estimator.reset()
+            self._odometry.drop_after(frame.stamp + limits.sync_tolerance_s)  # from before the jump, if any are left
             with self._lock:
-                self._odom, self._last_path_odom = None, None
+                self._last_path_odom = None
             self.get_logger().warning("image time went backwards: inputs reset", throttle_duration_sec=2.0)
         self._last_image_stamp = frame.stamp
+        odom = self._odometry.at(frame.stamp, self._param("odometry_wait_ms") / 1e3)  # the frame's own instant
         with self._lock:
-            odom, command = self._odom, self._command
-        limits = InputLimits(self._param("sync_tolerance_ms") / 1e3, self._param("command_timeout_s"))
+            command = self._command
         reason = check_inputs(frame.stamp, self._now(), odom[0] if odom else None,
                               command[0] if command else None, limits)
         if reason is not None:
             self.counters.skip(reason)
             self.get_logger().warning(f"cycle skipped: {reason}", throttle_duration_sec=2.0)
             return
-        _, pose, ego = odom
+        _, (pose, ego) = odom
         planner = self.planner
         t0 = time.perf_counter()
         try:
@@ -461,8 +465,9 @@ class PlannerNode(LifecycleNode):
             values[f"{name}_p50_ms"] = round(1e3 * window.percentile(50), 3)
             values[f"{name}_p99_ms"] = round(1e3 * window.percentile(99), 3)
         values["model"] = self.planner.bundle.source if self.planner else ""
+        odom = self._odometry.newest()
         with self._lock:
-            odom, command = self._odom, self._command
+            command = self._command
         now = self._now()
         values["odometry_age_s"] = round(now - odom[0], 3) if odom else "none"
         values["command_age_s"] = round(now - command[0], 3) if command else "none"
