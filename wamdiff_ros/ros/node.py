@@ -161,13 +161,15 @@ class PlannerNode(LifecycleNode):
         command_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
                                  durability=DurabilityPolicy.TRANSIENT_LOCAL)
         image_qos = self._image_qos()
+        # The executor runs ready callbacks in the order their subscriptions were made: the command and odometry of
+        # an instant, arriving with its image, are taken in before the image wakes the inference thread.
+        self.create_subscription(DrivingCommand, "~/input/command", self._on_command, command_qos)
+        self.create_subscription(Odometry, "~/input/odometry", self._on_odometry, 20)
+        self.create_subscription(CameraInfo, "~/input/camera_info", self._on_camera_info, qos_profile_sensor_data)
         if self._param("compressed"):
             self.create_subscription(CompressedImage, "~/input/image/compressed", self._on_compressed, image_qos)
         else:
             self.create_subscription(Image, "~/input/image", self._on_image, image_qos)
-        self.create_subscription(CameraInfo, "~/input/camera_info", self._on_camera_info, qos_profile_sensor_data)
-        self.create_subscription(Odometry, "~/input/odometry", self._on_odometry, 20)
-        self.create_subscription(DrivingCommand, "~/input/command", self._on_command, command_qos)
         self.create_subscription(String, "~/input/question", self._on_question, 10)
         self._setup_blackbox(command_qos)
         self._status = (DiagnosticStatus.OK, f"configured: {self.planner.bundle.source}")
