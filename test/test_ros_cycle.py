@@ -39,13 +39,13 @@ def test_latest_slot_wakes_a_waiting_taker_and_closes():
 def test_stamped_history_answers_the_value_nearest_a_stamp_and_starts_over_when_time_goes_back():
     history: StampedHistory[str] = StampedHistory(size=3)
     assert history.at(1.0) is None and history.newest() is None
-    for stamp in (0.95, 1.0, 1.05, 1.10):
+    for stamp in (0.75, 1.0, 1.25, 1.5):  # exact binary fractions: the tie below is a true tie
         history.add(stamp, f"odom {stamp}")
     assert len(history) == 3  # the oldest fell out
-    assert history.at(1.04) == (1.05, "odom 1.05")
-    assert history.at(1.075)[0] == 1.05  # equally near: the older
-    assert history.at(0.0) == (1.0, "odom 1.0") and history.at(9.0) == (1.10, "odom 1.1")
-    assert history.newest() == (1.10, "odom 1.1")
+    assert history.at(1.2) == (1.25, "odom 1.25")
+    assert history.at(1.375)[0] == 1.25  # equally near: the older
+    assert history.at(0.0) == (1.0, "odom 1.0") and history.at(9.0) == (1.5, "odom 1.5")
+    assert history.newest() == (1.5, "odom 1.5")
     history.add(0.5, "after a restart")
     assert len(history) == 1 and history.at(1.0) == (0.5, "after a restart")
     history.add(0.6, "b")
