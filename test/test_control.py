@@ -22,6 +22,7 @@ from wamdiff_ros.control import (
     TrackedPlan,
     WaypointFollower,
     aim_point,
+    forward_path,
 )
 from wamdiff_ros.world.types import Pose2D
 
@@ -284,6 +285,28 @@ def test_aim_point_extends_the_last_segment_and_holds_straight_on_an_empty_path(
     path = np.array([[-1.0, 0.5], [0.0, 0.5], [1.0, 0.5]])
     assert aim_point(path, 5.0) == pytest.approx([5.0, 0.5])
     assert aim_point(np.zeros((9, 2)), 4.0) == pytest.approx([4.0, 0.0])
+
+
+def test_a_plan_that_steps_back_at_its_end_is_followed_to_its_farthest_point_not_turned_around() -> None:
+    # A trained planner's plan at 17.8 m/s on a straight highway (held-out seed 2000003): straight ahead, then 0.7 m
+    # and 0.3 m back at its end. Its last segment, extended, ran back through the car: 0.9 m later the ego projected
+    # onto that extension, aimed 13.8 m behind itself and steered full lock off the road.
+    x = np.array([8.69, 16.44, 24.18, 32.28, 41.74, 51.58, 50.89, 50.59])
+    path = np.vstack([[0.0, 0.0], np.stack([x, np.zeros(8)], axis=1)])
+    assert forward_path(path).tolist() == path[:7].tolist()
+    assert aim_point(path - [0.9, 0.0], 13.8) == pytest.approx([13.8, 0.0])
+    origin = Pose2D(0.0, 0.0, 0.0)
+    plan = TrackedPlan(path[1:], origin, stamp=10.0)
+    follower = WaypointFollower(HIGHWAY)
+    for k in range(10):  # half a second at 20 Hz, the car going straight at 17.8 m/s
+        control = follower.step(plan, Pose2D(0.89 * k, 0.0, 0.0), 17.8, 10.0 + 0.05 * k)
+        assert control.aim[0] > 0 and control.steer == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_first_waypoint_behind_a_stopped_car_does_not_turn_it_around() -> None:
+    path = np.array([[0.0, 0.0], [-0.1, 0.0], [0.3, 0.0], [1.0, 0.0]])  # noise about a stop, then a start
+    assert forward_path(path).tolist() == [[0.0, 0.0], [0.3, 0.0], [1.0, 0.0]]
+    assert aim_point(path, 5.0) == pytest.approx([5.0, 0.0])
 
 
 # --- missing, invalid and stale plans ---------------------------------------------------------------------------

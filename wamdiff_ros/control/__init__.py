@@ -1,7 +1,7 @@
 """The agent core's waypoint follower and actuator adapters. No ROS, torch, highway-env or carla imports here."""
 
 from wamdiff_ros.control.actuators import CarlaActuator, HighwayEnvActuator
-from wamdiff_ros.control.follower import Control, TrackedPlan, WaypointFollower, aim_point
+from wamdiff_ros.control.follower import Control, TrackedPlan, WaypointFollower, aim_point, forward_path
 from wamdiff_ros.control.gains import GAINS_PATH, FollowerGains, GainsError
 
 __all__ = [
@@ -14,4 +14,5 @@ __all__ = [
     "TrackedPlan",
     "WaypointFollower",
     "aim_point",
+    "forward_path",
 ]

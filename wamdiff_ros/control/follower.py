@@ -92,14 +92,27 @@ class Control:
     reason: str = ""
 
 
-def aim_point(path: np.ndarray, lookahead: float) -> np.ndarray:
-    """The point ``lookahead`` metres of arc beyond the ego's projection (the frame origin) onto ``path`` (N, 2),
-    its last segment extended; straight ahead when the path has no length."""
+def forward_path(path: np.ndarray) -> np.ndarray:
+    """The points of ``path`` (N, 2, ego frame) that take the car forwards: each one kept lies ahead of the one kept
+    before it, along the direction the path has there (at the start: the ego's heading, +x). A car plan does not
+    reverse: waypoints that step back are noise about a stop (0.7 m back after 51.6 m ahead, say). Kept, they turn
+    the path back on itself, and the extended last segment then runs back through the car and aims behind it."""
     pts = np.asarray(path, dtype=np.float64)
-    keep = np.linalg.norm(np.diff(pts, axis=0), axis=1) > _MIN_SEGMENT_M
-    if not keep.any():
+    kept, direction = [pts[0]], np.array([1.0, 0.0])
+    for point in pts[1:]:
+        step = point - kept[-1]
+        if float(step @ direction) > _MIN_SEGMENT_M:
+            kept.append(point)
+            direction = step / np.linalg.norm(step)
+    return np.array(kept)
+
+
+def aim_point(path: np.ndarray, lookahead: float) -> np.ndarray:
+    """The point ``lookahead`` metres of arc beyond the ego's projection (the frame origin) onto the forward part of
+    ``path`` (N, 2; ``forward_path``), its last segment extended; straight ahead when that has no length."""
+    pts = forward_path(path)
+    if len(pts) < 2:
         return np.array([lookahead, 0.0])
-    pts = np.vstack([pts[:1], pts[1:][keep]])
     end = pts[-1]
     direction = (end - pts[-2]) / np.linalg.norm(end - pts[-2])
     pts = np.vstack([pts, end + direction * (lookahead + np.linalg.norm(end) + 1.0)])
