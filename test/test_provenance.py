@@ -27,3 +27,27 @@ def test_same_host_compares_machine_and_code():
     assert provenance.same_host(a, {**a, "commit": "def"}) is False
     assert provenance.same_host(a, {**a, "cores": 16}) is False
     assert provenance.same_host(a, None) is None and provenance.same_host({}, a) is None
+
+
+def _commit_all(repo, message):
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message],
+                   check=True)
+
+
+def test_dirty_means_changed_code_not_the_results_being_written(tmp_path):
+    (tmp_path / "training" / "results").mkdir(parents=True)
+    (tmp_path / "pkg").mkdir()
+    files = {"pkg/follower.py": "x = 1\n", "training/results/closed_loop.json": "{}\n", "README.md": "# a\n",
+             "training/RESULTS.md": "# r\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    _commit_all(tmp_path, "init")
+    clean = provenance.git_commit(tmp_path / "pkg")
+    assert clean and not clean.endswith("-dirty")
+    for name in ("training/results/closed_loop.json", "README.md", "training/RESULTS.md"):
+        (tmp_path / name).write_text("changed\n")
+    assert provenance.git_commit(tmp_path / "pkg") == clean  # a log half written, docs being edited
+    (tmp_path / "pkg/follower.py").write_text("x = 2\n")
+    assert provenance.git_commit(tmp_path / "pkg") == f"{clean}-dirty"

@@ -26,13 +26,19 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+# Not code: what a run writes into the checkout (training/results' logs as ``wamdiff-train results evaluate`` fills
+# them, one planner after another) and documentation. Changed, they leave the measured code as committed.
+NOT_CODE = (":(exclude,top)training/results", ":(exclude,top,glob)**/*.md")
+
+
 def git_commit(path: Path = PACKAGE_DIR) -> str | None:
-    """The checkout's commit (12 hex digits, ``-dirty`` when tracked files differ from it); None outside a git
-    checkout (an installed wheel) or without git."""
+    """The checkout's commit (12 hex digits, ``-dirty`` when tracked files other than ``NOT_CODE`` differ from it);
+    None outside a git checkout (an installed wheel) or without git."""
     try:
         run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=10, check=True)
         commit = run(["git", "-C", str(path), "rev-parse", "--short=12", "HEAD"]).stdout.strip()
-        dirty = run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
+        dirty = run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no", "--", ":/",
+                     *NOT_CODE]).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{commit}-dirty" if dirty else commit
