@@ -170,8 +170,9 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str
         "command (left, right, straight, follow).",
         "- A plan request every 0.2-0.5 s; each plan is 8 waypoints, one every 0.5 s, in the ego frame. The "
         "closed-loop figures below used 2 Hz, each plan followed as it comes. At 5 Hz (`wamdiff-eval`'s default, "
-        "the CARLA agent's rate) blend consecutive plans, as the follower's `highway_env` gains do "
-        "(`plan_blend_tau_s`): unblended, this model drives worse at 5 Hz than at 2 Hz.",
+        "the CARLA agent's rate) it drives as well, blended (the follower's `highway_env` gains, "
+        "`plan_blend_tau_s`) or not; blended, fewer of its routes run out of time (training/README.md, \"Plan rate "
+        "and plan blending\").",
         "",
         "## Measured",
     ]
