@@ -2,6 +2,8 @@
 episode through real topics, and the model's measured score from its folder."""
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,8 +12,29 @@ pytest.importorskip("wamdiff_ros.msg", reason="the package's interfaces are not 
 
 from PIL import Image  # noqa: E402
 
-from wamdiff_ros.ros.bags import topic_counts  # noqa: E402
-from wamdiff_ros.ros.demo import main, measured_score  # noqa: E402
+from rclpy.serialization import deserialize_message  # noqa: E402
+from sensor_msgs.msg import Image as Image_msg  # noqa: E402
+
+from wamdiff_ros.msg import PlannerOutput  # noqa: E402
+from wamdiff_ros.ros.bags import read_messages, topic_counts  # noqa: E402
+from wamdiff_ros.ros.conversions import stamp_to_sec  # noqa: E402
+from wamdiff_ros.ros.demo import _wait_until_recording, main, measured_score  # noqa: E402
+
+BAG = Path(__file__).resolve().parents[1] / "wamdiff_ros" / "assets" / "sample_drive.mcap"
+
+
+def _first_stamp(path, topic, cls):
+    return min(stamp_to_sec(deserialize_message(bytes(raw), cls).header.stamp)
+               for _, _, raw in read_messages(path, [topic]))
+
+
+def test_the_replay_waits_until_every_output_is_recorded(tmp_path):
+    log = tmp_path / "record.log"
+    alive = SimpleNamespace(poll=lambda: None)
+    log.write_text("[INFO] [1.0] [wamdiff_record]: recording /a (std_msgs/msg/String)\n")
+    assert _wait_until_recording(log, ("/a",), alive, 1.0)
+    assert not _wait_until_recording(log, ("/a", "/b"), alive, 0.3)  # /b never came
+    assert not _wait_until_recording(log, ("/b",), SimpleNamespace(poll=lambda: 1), 5.0)  # the recorder died
 
 
 @pytest.mark.ros
@@ -24,6 +47,9 @@ def test_demo_replays_records_and_draws(tmp_path, capsys, monkeypatch):
     assert "closed-loop drive" not in out and not (tmp_path / "closed_loop").exists()
     counts = {topic: n for topic, (_, n) in topic_counts(tmp_path / "outputs.mcap").items()}
     assert counts["/wamdiff_planner/output/plan"] >= 20 and counts["/diagnostics"] >= 1  # of 100 frames
+    # the replay starts once the recorder hears the node's outputs, so the first frame's plan is in the recording
+    assert _first_stamp(BAG, "/wamdiff_planner/input/image", Image_msg) == _first_stamp(
+        tmp_path / "outputs.mcap", "/wamdiff_planner/output/plan", PlannerOutput)
     strip = Image.open(tmp_path / "demo_strip.png")
     assert strip.size[1] > 2 * strip.size[0] / 2  # several frames stacked
     assert Image.open(tmp_path / "demo.gif").n_frames >= 5

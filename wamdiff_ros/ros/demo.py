@@ -61,7 +61,19 @@ def _shut_down(procs: list[subprocess.Popen], logs: dict) -> None:
         f.close()
 
 
-def run(bag: Path, out: Path, node_args: list[str], settle_s: float) -> int:
+def _wait_until_recording(log: Path, topics: tuple[str, ...], record: subprocess.Popen, timeout_s: float) -> bool:
+    """Whether the recorder, writing ``log``, subscribed to every one of ``topics`` within ``timeout_s``. It subscribes
+    to a topic once the topic's publisher is up, so the node's first plans are recorded only if the replay waits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and record.poll() is None:
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        if all(f"recording {topic} (" in text for topic in topics):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def run(bag: Path, out: Path, node_args: list[str], settle_s: float, ready_timeout_s: float = 120.0) -> int:
     env = _environment()
     out.mkdir(parents=True, exist_ok=True)
     recording = out / "outputs.mcap"
@@ -75,6 +87,10 @@ def run(bag: Path, out: Path, node_args: list[str], settle_s: float) -> int:
                               env=env, stdout=logs["record"], stderr=subprocess.STDOUT)
     try:
         print(f"node and recorder starting (logs in {out})", flush=True)
+        if not _wait_until_recording(out / "record.log", OUTPUT_TOPICS, record, ready_timeout_s):
+            print(f"the recorder did not see the node's outputs within {ready_timeout_s:.0f} s, see "
+                  f"{out / 'node.log'} and {out / 'record.log'}", file=sys.stderr)
+            return 1
         replay = subprocess.run(
             _python("wamdiff_ros.ros.bags", "replay", str(bag), "--clock", "--wait-for-subscribers", "60",
                     "--delay", "1"),
