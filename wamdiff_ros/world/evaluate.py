@@ -78,6 +78,8 @@ def _results(work: list, init: tuple, workers: int):
     if workers > 1:
         with mp.get_context("spawn").Pool(workers, _init_worker, init) as pool:
             yield from pool.imap_unordered(_run_star, work)
+            pool.close()  # let the workers exit on their own: terminated, they leak their semaphores (a warning)
+            pool.join()
     else:
         _init_worker(*init)
         yield from map(_run_star, work)
