@@ -248,3 +248,29 @@ def test_model_planner_tiny_random_runs_both_modes(short_set, tiny_planner, mode
     assert len(log.plan_latency_s) >= 1
     assert log.forward_calls_per_token is not None and log.forward_calls_per_token > 0
     assert np.isfinite(log.x).all() and np.isfinite(log.y).all()
+
+
+class StraightThenBack:
+    """Straight on at the ego's speed 5 cm to the left, then two waypoints 0.7 m and 1.0 m back from the farthest, on
+    the ego's own line: the shape of a trained student's plan that once turned the car round on a straight highway.
+    Extended, its last segment runs back along that line, right through the car (training/README.md, "The
+    follower's turn-around")."""
+
+    name, needs_camera = "straight_then_back", False
+
+    def reset(self, world: World) -> None:
+        pass
+
+    def plan(self, obs: Observation) -> PlanResult:
+        x = obs.world.ego_speed * np.arange(1, fmt.NUM_WAYPOINTS + 1) * fmt.WAYPOINT_DT_S
+        y = np.full_like(x, 0.05)
+        x[-2:], y[-2:] = x[-3] - np.array([0.7, 1.0]), 0.0
+        return PlanResult(np.stack([x, y], axis=1).astype(np.float32))
+
+
+def test_a_plan_that_steps_back_at_its_end_keeps_the_car_in_its_lane(short_set):
+    result = run_episode(short_set.get("highway"), SEED, StraightThenBack(), LoopConfig(plan_hz=2.0), short_set)
+    log = result.log
+    assert log.end_reason == "timeout"  # the whole 3 s on the route, not a route deviation
+    assert np.abs(log.heading).max() < 0.02  # it edges left, as asked, and never turns round
+    assert np.ptp(log.y) < 0.5
