@@ -503,3 +503,36 @@ def test_only_limits_the_earlier_plans_runs_too(tmp_path, monkeypatch):
     report = hierarchy.run(plan, progress=False, only=["student/adapt/b01"])
     assert [(name, what) for name, what, _ in report] == [("student/adapt/b01", "done (3 steps)")]
     assert exported == [str(new)] and not old.exists()  # the earlier plan's student/ar is not what --only asked for
+
+
+def test_a_model_can_take_more_adapt_dagger_rounds_than_the_plan(tmp_path):
+    plan = {"root": str(tmp_path / "h"), "scenarios": "highway", "episodes": 1, "curriculum": [1, 4],
+            "teacher": {"hidden": 128, "layers": 4, "dagger_from": "student"},
+            "student": {"hidden": 64, "layers": 2, "seed": 1, "adapt_dagger_rounds": 2},
+            "adapt_dagger": {"rounds": 1, "episodes": 3, "steps": 5, "seed_offset": 40}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    steps = {s.name: s for s in plan_steps(load_plan(path))}
+    root = Path(plan["root"])
+    assert [n for n in steps if "adapt_dagger" in n] == [
+        "student/adapt_dagger/r01/data", "student/adapt_dagger/r01", "student/adapt_dagger/r02/data",
+        "student/adapt_dagger/r02", "teacher/adapt_dagger/r01"]
+    # round 2: the next fresh seeds, driven by round 1; Stage II starts from round 2 and trains on both exports
+    r2 = steps["student/adapt_dagger/r02/data"].overrides
+    assert "seed_offset=43" in r2 and f"driver=@run:{root / 'student' / 'adapt_dagger' / 'r01'}" in r2
+    assert f"model.init=@run:{root / 'student' / 'adapt_dagger' / 'r02'}" in steps["student/distill"].overrides
+    train = [o for o in steps["student/cross_scale"].overrides if o.startswith("data.train=")][0]
+    assert train.count("adapt_dagger") == 2
+    # the teacher keeps the plan's one round, on the student's round-1 export
+    teacher = [o for o in steps["teacher/distill"].overrides if o.startswith("data.train=")][0]
+    assert "adapt_dagger/r01/data" in teacher and "r02" not in teacher
+
+    # a borrower cannot take more rounds than its lender drives
+    plan["teacher"]["adapt_dagger_rounds"] = 3
+    path.write_text(yaml.safe_dump(plan))
+    with pytest.raises(ConfigError, match="teacher.adapt_dagger_rounds.*drives only 2"):
+        load_plan(path)
+    plan["teacher"]["adapt_dagger_rounds"] = 0
+    path.write_text(yaml.safe_dump(plan))
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        load_plan(path)

@@ -69,7 +69,7 @@ def stages_text(plan_path: str | None) -> str:
                 "this student -> Stage I progressive block adaptation B = 1 -> 4 -> 8 -> 16 -> 32 (both) -> Stage II "
                 "block-wise distillation (each model's B = 8 phase teaches its B = 32 phase, symmetric JSD) -> "
                 "Stage III cross-scale distillation from the teacher's B = 32 model into this student.")
-    from wamdiff_training.hierarchy import adapt_schedule, load_plan
+    from wamdiff_training.hierarchy import adapt_dagger_rounds, adapt_schedule, load_plan
 
     plan = load_plan(plan_path)
     s, t = plan.student, plan.teacher
@@ -94,9 +94,12 @@ def stages_text(plan_path: str | None) -> str:
                  f"{'/'.join(str(n) for n in adapt_schedule(plan, s))} steps; the teacher: "
                  f"{'/'.join(str(n) for n in adapt_schedule(plan, t))})")
     if plan.adapt_dagger is not None:
-        a = plan.adapt_dagger
-        parts.append(f"{a.rounds} DAgger round{'s' if a.rounds > 1 else ''} driven by the {lender}'s B = "
-                     f"{plan.curriculum[-1]} model ({a.steps} steps at that B)")
+        a, rounds = plan.adapt_dagger, adapt_dagger_rounds(plan, lender)
+        other = "teacher" if lender == "student" else "student"
+        n = adapt_dagger_rounds(plan, other)
+        fewer = "" if n == rounds else f"; the {other}: {n} round{'s' if n > 1 else ''}"
+        parts.append(f"{rounds} DAgger round{'s' if rounds > 1 else ''} driven by the {lender}'s B = "
+                     f"{plan.curriculum[-1]} model ({a.steps} steps at that B{fewer})")
     parts.append(f"Stage II block-wise distillation ({plan.distill_steps} steps; each model's B = "
                  f"{plan.distill_teacher_block} phase teaches its B = {plan.curriculum[-1]} phase, symmetric JSD)")
     anchor = f", plus {plan.cross_scale_ce_weight:g} × cross-entropy to the ground truth" \

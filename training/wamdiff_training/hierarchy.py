@@ -41,6 +41,7 @@ class ModelPlan:
     # into, every label the expert's) instead of exporting rounds driven by this one; None: drive its own
     dagger_from: str | None = None
     dagger_steps: int | None = None  # this model's steps per DAgger round (both kinds), when not the plan's
+    adapt_dagger_rounds: int | None = None  # this model's diffusion DAgger rounds, when not adapt_dagger.rounds
     # continue an earlier model instead of starting from random weights: its AR pretraining starts from this run
     # folder's last checkpoint (or this model folder / checkpoint); hidden, layers and vision sizes are then its own
     init: str | None = None
@@ -186,6 +187,17 @@ def load_plan(path: str | Path) -> HierarchyPlan:
             raise ConfigError(str(path), f"{who}.dagger_from", f"{lender!r}: the only other model is {other!r}")
         if lender is not None and getattr(plan, other).dagger_from is not None:
             raise ConfigError(str(path), f"{who}.dagger_from", f"{other!r} borrows its DAgger data too: one must drive")
+    if plan.adapt_dagger is not None:
+        for who, other in (("teacher", "student"), ("student", "teacher")):
+            m, rounds = getattr(plan, who), adapt_dagger_rounds(plan, who)
+            shares = plan.adapt_dagger.expert_share
+            if rounds < 1 or (isinstance(shares, list) and rounds > len(shares)):
+                raise ConfigError(str(path), f"{who}.adapt_dagger_rounds",
+                                  f"must be >= 1 and have an adapt_dagger.expert_share each, got {rounds}")
+            if m.dagger_from is not None and rounds > adapt_dagger_rounds(plan, other):
+                raise ConfigError(str(path), f"{who}.adapt_dagger_rounds",
+                                  f"{rounds} rounds, but {other!r}, whose exports it trains on, drives only "
+                                  f"{adapt_dagger_rounds(plan, other)}")
     return plan
 
 
@@ -257,6 +269,14 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
     return steps
 
 
+def adapt_dagger_rounds(plan: HierarchyPlan, who: str) -> int:
+    """``who``'s diffusion DAgger rounds: its own ``adapt_dagger_rounds``, else the plan's (0 without any)."""
+    if plan.adapt_dagger is None:
+        return 0
+    own = getattr(plan, who).adapt_dagger_rounds
+    return plan.adapt_dagger.rounds if own is None else own
+
+
 def ar_run(plan: HierarchyPlan, who: str) -> Path:
     """``who``'s final AR model: its last DAgger round, or its AR pretraining run when the plan has none."""
     root = Path(plan.root) / who
@@ -301,7 +321,7 @@ def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str]
     stage = ("adapt", "tiny_adapt", [f"adapt.block_size={plan.curriculum[-1]}"]) if diffusion else \
         ("ar", "tiny_ar", [f"ar.in_place_weight={plan.ar_in_place_weight}"])
     files = list(files)
-    for r in range(1, d.rounds + 1):
+    for r in range(1, (adapt_dagger_rounds(plan, who) if diffusion else d.rounds) + 1):
         run_dir = root / who / folder / f"r{r:02d}"
         if model.dagger_from is None:
             steps.append(Step(f"{who}/{folder}/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
