@@ -75,6 +75,9 @@ def test_the_card_describes_the_plan_that_trained_the_model(tmp_path):
     v6 = export.stages_text(str(plan.with_name("tiny_hierarchy_v6.yaml")))  # v4's runs reused, Stage III anchored
     assert "into this student (400 steps, plus 1 × cross-entropy to the ground truth)" in v6
     assert "student/distill" in v6 and "under `out/tiny_hierarchy_v4` and taken over (`reuse`)" in v6
+    v7 = export.stages_text(str(plan.with_name("tiny_hierarchy_v7.yaml")))  # a second round for the student only
+    assert "2 DAgger rounds driven by the student's B = 32 model (2500 steps at that B; the teacher: 1 round)" in v7
+    assert "student/adapt_dagger/r01" in v7 and "under `out/tiny_hierarchy_v6` and taken over (`reuse`)" in v7
     assert train_main(["export", "--checkpoint", str(run), "--out", str(out), "--plan", str(tmp_path / "no.yaml")]) == 2
 
 
