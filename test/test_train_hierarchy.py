@@ -174,6 +174,17 @@ def test_stage_three_plan_keys_reach_stage_three_and_its_ablations_only(tmp_path
             load_plan(path)
 
 
+def test_a_plan_that_is_not_a_yaml_mapping_is_refused_with_its_file_named(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text("root: out/h\nrecoveries: {samples: 10, weight: 1.0\n")  # the brace never closes
+    with pytest.raises(ConfigError, match=f"{re.escape(str(path))}: not valid YAML"):
+        load_plan(path)
+    path.write_text("- root: out/h\n")
+    with pytest.raises(ConfigError, match="expected a mapping of plan keys, got a list"):
+        load_plan(path)
+    assert main(["hierarchy", "--plan", str(path), "--dry-run"]) == 2
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("tiny_hierarchy*.yaml")))
 def test_shipped_plans_load_and_every_step_makes_a_valid_config(name):
     plan = load_plan(CONFIGS / name)

@@ -153,7 +153,12 @@ class Step:
 
 
 def load_plan(path: str | Path) -> HierarchyPlan:
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), "", f"not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(str(path), "", f"expected a mapping of plan keys, got a {type(raw).__name__}")
     known = set(HierarchyPlan.__slots__)
     unknown = set(raw) - known
     if unknown:
