@@ -217,8 +217,9 @@ def test_episode_log_json_round_trip() -> None:
     on_lanes = np.ones(201, bool)
     on_lanes[5:9] = False
     log = full_route(on_lanes=on_lanes, events=[collision(Infraction.COLLISION_STATIC, 2.5, at_fault=False)])
-    log.forward_calls_per_token = 0.25
+    log.forward_calls_per_token, log.end_phase = 0.25, "junction"
     back = EpisodeLog.from_json(json.loads(json.dumps(log.to_json())))
+    assert back.end_phase == "junction"
     for name in ("t", "x", "y", "heading", "speed", "progress_m"):
         np.testing.assert_array_equal(getattr(back, name), getattr(log, name))
     assert back.on_route_lanes.dtype == bool and (back.on_route_lanes == on_lanes).all()
@@ -252,6 +253,8 @@ def synthetic_scores() -> list[EpisodeScore]:
         make_log(np.linspace(0.0, 100.0, 101), planner="ar", scenario="merge", seed=1, end_reason="route_deviation"),
         full_route(planner="ar", scenario="exit", seed=0, events=[collision(Infraction.COLLISION_STATIC)]),
     ]
+    logs[2].end_phase = "junction"  # a junction route cut short in the ring / box
+    logs[5].end_phase = "exit"  # completed: not counted as cut short
     return [score_episode(log) for log in logs]
 
 
@@ -270,6 +273,7 @@ def test_summarize_and_markdown_numbers() -> None:
     assert wam["per_scenario_ds"] == {"exit": pytest.approx(30.0), "merge": pytest.approx(100.0)}
     assert ar["per_scenario_ds"] == {"exit": pytest.approx(65.0), "merge": pytest.approx(75.0)}
     assert ar["end_reasons"] == {"completed": 2, "route_deviation": 1}
+    assert wam["unfinished_phases"] == {"junction": 1} and ar["unfinished_phases"] == {}
     (paired,) = summary["paired"]
     assert (paired["a"], paired["b"], paired["episodes"]) == ("ar", "wam", 3)
     assert paired["ds_diff"] == pytest.approx(-5.0)  # (0 - 50 + 35) / 3
@@ -285,6 +289,7 @@ def test_summarize_and_markdown_numbers() -> None:
     merge_row = next(line for line in text.splitlines() if line.startswith("| merge |"))
     assert merge_row == "| merge | 75.0 (2) | 100.0 (2) |"
     assert "| paused | ar | wam | 3 | -5.0 [" in text
+    assert "| exit | wam | paused | 0 | 1 | 0 |" in text and "| exit | ar |" not in text
 
 
 def test_write_report_and_bev(tmp_path: Path) -> None:

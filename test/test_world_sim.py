@@ -18,7 +18,7 @@ from highway_env.vehicle.behavior import IDMVehicle
 from highway_env.vehicle.kinematics import Vehicle
 
 from wamdiff_ros import format as fmt
-from wamdiff_ros.world.metrics import Infraction
+from wamdiff_ros.world.metrics import Infraction, score_episode
 from wamdiff_ros.world.scenarios import (
     SPLIT_SEED_BASE,
     ScenarioError,
@@ -254,6 +254,41 @@ def test_command_is_follow_far_before_the_junction_and_the_exit_near_it(scenario
     assert near and set(near) == {expected}
     # the frozen scenario starts close enough that the command is given from the first step
     assert world(scenarios, name, seed).command == expected
+
+
+@pytest.mark.parametrize("name", ["roundabout", "intersection"])
+def test_route_phases_split_the_route_at_the_junction_and_where_the_route_leaves_it(scenarios, name):
+    for seed in (SEED, SEED + 1, SEED + 2):
+        w = world(scenarios, name, seed)
+        r = w.route
+        assert r.junction_m == junction_m(w)
+        # the roundabout is left at the ring's exit node (then the exit curve and road), the box after the turn
+        leave = r.offsets[-2] if name == "roundabout" else r.offsets[-1]
+        assert r.exit_m == leave and r.junction_m < r.exit_m < r.target_m
+        if name == "roundabout":
+            assert r.segments[-3][1] == r.segments[-2][0] and r.segments[-2][0].endswith("x")  # a ring exit node
+        assert [r.phase(p) for p in (r.start_m, r.junction_m - 0.1, r.junction_m, r.exit_m - 0.1, r.exit_m,
+                                     r.target_m)] == ["approach"] * 2 + ["junction"] * 2 + ["exit"] * 2
+        assert w.episode_log("p", "paused").end_phase == "approach"
+        assert w.episode_log("p", "paused").end_junction_m == pytest.approx(r.start_m - r.junction_m)
+    assert world(scenarios, "highway", SEED).route.phase(100.0) == ""
+
+
+def test_the_end_phase_is_where_the_ego_left_its_route(scenarios):
+    w = world(scenarios, "roundabout", 0)
+    drive(w, 20 * 30)  # straight on: off the entry curve, then on over the ring (its progress runs on there)
+    log = w.episode_log("straight", "paused")
+    assert log.end_reason == "route_deviation" and not log.on_route_lanes[-1]
+    k = np.flatnonzero(log.on_route_lanes)[-1]  # the last step on the route's lanes: where it left them
+    assert w.last_on_route_m == pytest.approx(w.route.start_m + log.progress_m[k])
+    assert w.route.phase(w.progress_m) != "approach"
+    assert log.end_phase == w.route.phase(w.last_on_route_m) == "approach"  # it never entered the ring
+    assert log.end_junction_m == pytest.approx(w.last_on_route_m - w.route.junction_m) and log.end_junction_m < 0
+    score = score_episode(log)
+    assert score.end_phase == "approach" and score.end_junction_m == pytest.approx(log.end_junction_m, abs=0.01)
+    highway = world(scenarios, "highway", SEED)
+    drive(highway, 5)
+    assert highway.episode_log("p", "paused").end_junction_m is None
 
 
 @pytest.mark.parametrize("name", ["roundabout", "intersection"])

@@ -126,6 +126,8 @@ class EpisodeLog:
     end_reason: str = "completed"  # one of END_REASONS
     plan_latency_s: list[float] = field(default_factory=list)
     forward_calls_per_token: float | None = None
+    end_phase: str = ""  # junction routes: approach | junction | exit, where the ego left its route or ended on it
+    end_junction_m: float | None = None  # ... and that point's route metres from the ring's / box's start
 
     def __post_init__(self) -> None:
         for name in _TRACE_FIELDS:
@@ -223,6 +225,8 @@ class EpisodeScore:
     duration_s: float
     infractions: dict[str, int] = field(default_factory=dict)  # Infraction value -> count
     forward_calls_per_token: float | None = None
+    end_phase: str = ""  # see EpisodeLog
+    end_junction_m: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -259,4 +263,5 @@ def score_episode(log: EpisodeLog) -> EpisodeScore:
         plan_latency_p90_s=float(np.percentile(latency, 90)) if has_latency else None,
         end_reason=log.end_reason,
         duration_s=float(log.t[-1] - log.t[0]) if log.steps else 0.0,
-        infractions=dict(counts), forward_calls_per_token=log.forward_calls_per_token)
+        infractions=dict(counts), forward_calls_per_token=log.forward_calls_per_token, end_phase=log.end_phase,
+        end_junction_m=None if log.end_junction_m is None else round(float(log.end_junction_m), 2))

@@ -61,6 +61,15 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
             row = ds.get((scenario, planner, mode))
             cells.append("-" if row is None else f"{_num(row['ds'])} ({row['episodes']})")
         lines.append(f"| {scenario} | " + " | ".join(cells) + " |")
+    phases = [row for row in summary["per_scenario"] if row.get("unfinished_phases")]
+    if phases:
+        lines += ["", "Junction routes cut short: where each ended (before the ring or box, in it, past the point "
+                  "where the route leaves it)", "",
+                  "| scenario | planner | mode | approach | junction | exit |", "|---|---|---|---:|---:|---:|"]
+        for row in phases:
+            n = row["unfinished_phases"]
+            lines.append(f"| {row['scenario']} | {row['planner']} | {row['mode']} | {n.get('approach', 0)} "
+                         f"| {n.get('junction', 0)} | {n.get('exit', 0)} |")
     if summary.get("paired"):
         lines += ["", f"Paired DS difference over matched episodes (same scenario and seed), {level}% CI", "",
                   "| mode | A | B | episodes | DS A - B [CI] |", "|---|---|---|---:|---|"]

@@ -25,6 +25,8 @@ class Route:
     command: fmt.Command = fmt.Command.FOLLOW
     command_from_m: float = math.inf  # the command is given between these two progress values
     command_to_m: float = math.inf
+    junction_m: float = math.inf  # junction routes: the progress where the ring / the intersection box begins
+    exit_m: float = math.inf  # ... and where the route leaves it (the ring's exit node; the end of the turn)
     offsets: list[float] = field(default_factory=list)
     lanes: list[AbstractLane] = field(default_factory=list)
 
@@ -79,6 +81,13 @@ class Route:
             if best is None or d <= best[2] + 1e-9:
                 best = (j, p, d)
         return best
+
+    def phase(self, progress_m: float) -> str:
+        """Where ``progress_m`` lies on a junction route: ``approach``, ``junction`` (in the ring or the box, before
+        the route leaves it) or ``exit``; ``""`` on a route without a junction."""
+        if math.isinf(self.junction_m):
+            return ""
+        return "approach" if progress_m < self.junction_m else "junction" if progress_m < self.exit_m else "exit"
 
     def distance(self, position: np.ndarray) -> float:
         return min(lane.distance(position) for lane in self.lanes)

@@ -147,7 +147,10 @@ class World:
         self.route.target_m = min(self.route.start_m + spec.target_distance_m, self.route.offsets[-1] + 140.0)
         self._view = (-math.inf, math.inf)
 
-    def _junction_route(self, start: LaneIndex, exits: dict[str, str], junction_node: str) -> None:
+    def _junction_route(self, start: LaneIndex, exits: dict[str, str], junction_node: str,
+                        exit_segments: int) -> None:
+        """The route from ``start`` through the junction to the exit of a random direction of ``spec.exits``; it
+        leaves the junction where its last ``exit_segments`` segments begin."""
         spec, net = self.spec, self.road.network
         direction = str(self.rng.choice(list(spec.exits)))
         exit_node = exits[direction]
@@ -163,6 +166,7 @@ class World:
         junction = [i for i, (a, _) in enumerate(segments) if a == junction_node][0]
         self.route.command_from_m = self.route.offsets[junction] - 60.0
         self.route.command_to_m = self.route.offsets[last] + 10.0
+        self.route.junction_m, self.route.exit_m = self.route.offsets[junction], self.route.offsets[-exit_segments]
         self.exit_direction = direction
         self._view = (-math.inf, math.inf)
 
@@ -179,7 +183,7 @@ class World:
     def _build_roundabout(self) -> None:
         tr = self.spec.traffic
         exits = self._exit_directions(("ser", "ses", 0), [("exs", "exr"), ("nxs", "nxr"), ("wxs", "wxr")])
-        self._junction_route(("ser", "ses", 0), exits, "se")
+        self._junction_route(("ser", "ses", 0), exits, "se", 2)  # the exit: its curve off the ring, its road
         ring = [("se", "ex"), ("ex", "ee"), ("ee", "nx"), ("nx", "ne"), ("ne", "wx"), ("wx", "we"), ("we", "sx"),
                 ("sx", "se")]
         cands = [((a, b, 1), float(s)) for a, b in ring for s in (4.0, 10.0)]
@@ -191,7 +195,7 @@ class World:
 
     def _build_intersection(self) -> None:
         exits = self._exit_directions(("o0", "ir0", 0), [("il1", "o1"), ("il2", "o2"), ("il3", "o3")])
-        self._junction_route(("o0", "ir0", 0), exits, "ir0")
+        self._junction_route(("o0", "ir0", 0), exits, "ir0", 1)  # the exit road after the turn
         tr = self.spec.traffic
         cands = [((f"o{c}", f"ir{c}", 0), float(s)) for c in (1, 2, 3) for s in np.arange(20.0, 95.0, 5.0)]
         self._place_traffic(cands, int(tr["vehicles"]), 15.0, tr["speed"], ["o0", "o1", "o2", "o3"])
@@ -292,8 +296,17 @@ class World:
             time_limit_s=self.spec.duration_s, dt=self.dt, t=tr["t"], x=tr["x"], y=tr["y"], heading=tr["heading"],
             speed=tr["speed"], progress_m=tr["progress_m"], on_route_lanes=self.trace_on_route, events=self.events,
             end_reason=self.end_reason or end_reason, plan_latency_s=list(plan_latency_s or []),
-            forward_calls_per_token=forward_calls_per_token,
+            forward_calls_per_token=forward_calls_per_token, end_phase=self.route.phase(self.last_on_route_m),
+            end_junction_m=None if math.isinf(self.route.junction_m) else self.last_on_route_m - self.route.junction_m,
         )
+
+    @property
+    def last_on_route_m(self) -> float:
+        """Route progress at the last step the ego was on its route's lanes: where it left them, if it did (its
+        progress after that is only the nearest route point)."""
+        on = self.trace_on_route
+        k = next((i for i in range(len(on) - 1, -1, -1) if on[i]), 0)
+        return self.route.start_m + self.trace["progress_m"][k] if on else self.progress_m
 
     @property
     def done(self) -> bool:

@@ -72,6 +72,9 @@ def _totals(group: list[EpisodeScore], level: float, n: int, seed: int) -> dict[
         "latency_p90_ms": _ms(_median(s.plan_latency_p90_s for s in group)),
         "forward_calls_per_token": _mean(s.forward_calls_per_token for s in group),
         "end_reasons": dict(sorted(_count(s.end_reason for s in group).items())),
+        # junction routes cut short: where on the route (approach / junction / exit) each one ended
+        "unfinished_phases": dict(sorted(_count(
+            s.end_phase for s in group if s.end_phase and s.end_reason != "completed").items())),
     }
 
 
