@@ -23,7 +23,7 @@ from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.world.dataset import main as export
 from wamdiff_training.data import Record, RecordError, SampleDataset, answer_format_version, encode_record, load_records
-from wamdiff_training.data import mix_group
+from wamdiff_training.data import mix_group, turn_ahead
 from wamdiff_training.sampling import TaskMix, TaskMixSampler
 
 TASKS = ["plan"] * 30 + ["detect"] * 30 + ["ask"] * 60
@@ -274,6 +274,28 @@ def test_behaviour_and_question_groups_take_their_share_out_of_their_task():
     ask = [Record("a", Path("x.png"), "", "", "ask", {"question": q}) for q in ("lead", "lane", "lead", "command")]
     assert [mix_group(r, {"ask": 1.0, "ask/lead": 2.0}) for r in ask] == ["ask/lead", "ask", "ask/lead", "ask"]
     assert [mix_group(r, {"ask": 1.0}) for r in ask] == ["ask"] * 4
+
+
+def test_junction_frames_that_begin_a_turn_are_their_own_group_when_weighted():
+    def plan(command, ys, xs=None):
+        xs = xs or [2.0 * (k + 1) for k in range(8)]
+        return Record("p", Path("x.png"), "", fmt.format_waypoints(np.array(list(zip(xs, ys)))), "plan",
+                      {"expert": "free", "command": command})
+
+    begins = plan("left", [0.0, 0.1, 0.3, 0.8, 1.5, 2.4, 3.5, 5.0])  # straight for 1 s, 5 m left at 4 s
+    turning = plan("left", [0.5, 1.2, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])  # already turning at 1 s
+    slight = plan("right", [0.0, 0.0, -0.2, -0.5, -1.0, -1.5, -2.0, -2.9])  # ends short of 3 m
+    crossing = plan("straight", [0.0] * 8)
+    cruise_curve = plan("follow", [0.0, 0.1, 0.3, 0.8, 1.5, 2.4, 3.5, 5.0])  # a bend with no command: not a junction
+    assert turn_ahead(begins.answer) and not turn_ahead(turning.answer) and not turn_ahead(slight.answer)
+    assert turn_ahead(plan("right", [-y for y in [0.0, 0.1, 0.3, 0.8, 1.5, 2.4, 3.5, 5.0]]).answer)
+    assert not turn_ahead("not a plan")
+    weights = {"plan": 1.0, "plan/junction": 1.0, "plan/turn_start": 1.0}
+    assert [mix_group(r, weights) for r in (begins, turning, slight, crossing, cruise_curve)] == \
+        ["plan/turn_start", "plan/junction", "plan/junction", "plan/junction", "plan"]
+    no_junction = {"plan": 1.0, "plan/turn_start": 1.0}  # out of the plan task's share then
+    assert [mix_group(r, no_junction) for r in (begins, turning)] == ["plan/turn_start", "plan"]
+    assert mix_group(begins, {"plan": 1.0, "plan/junction": 1.0}) == "plan/junction"  # not named: no group
 
 
 def test_sharding_is_disjoint_equal_and_covers_the_epoch():

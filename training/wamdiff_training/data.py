@@ -77,6 +77,8 @@ class Sample:
 
 
 BEHAVIOURS = ("cruise", "junction", "lane_change", "yield")
+TURN_END_M = 3.0  # a turn ahead: the reference's last waypoint (4 s) ends at least this far to one side ...
+TURN_BEGUN_M = 0.3  # ... while its 1 s waypoint is within this of straight ahead (the ego has not begun to turn)
 
 
 def behaviour_of(meta: dict) -> str | None:
@@ -96,12 +98,24 @@ def behaviour_of(meta: dict) -> str | None:
     return "junction" if command != "follow" else "cruise"
 
 
+def turn_ahead(answer: str) -> bool:
+    """Whether a plan reference starts a turn: it ends ``TURN_END_M`` to one side while its 1 s waypoint still lies
+    within ``TURN_BEGUN_M`` of straight ahead (the frames where a junction's turn begins, which the camera alone does
+    not show: the ego still looks down its approach road)."""
+    parsed = fmt.parse_waypoints(answer)
+    y = parsed.waypoints[:, 1]
+    return parsed.valid and abs(float(y[-1])) >= TURN_END_M and abs(float(y[1])) <= TURN_BEGUN_M
+
+
 def mix_group(record: Record, weights: dict[str, float]) -> str:
     """The sampling group of a record under ``data.task_weights``: ``"plan/<behaviour>"`` (e.g. ``plan/lane_change``)
     or ``"ask/<question>"`` (the world's question key, e.g. ``ask/lead``) when the weights name that group, else its
-    task; a named group's share is taken out of its task's."""
+    task; a named group's share is taken out of its task's. ``plan/turn_start`` (when named) takes the junction
+    records whose reference begins a turn (``turn_ahead``) out of ``plan/junction`` or ``plan``."""
     sub = behaviour_of(record.meta) if record.task == "plan" else (
         record.meta.get("question") if record.task == "ask" else None)
+    if sub == "junction" and "plan/turn_start" in weights and turn_ahead(record.answer):
+        return "plan/turn_start"
     if sub is not None and f"{record.task}/{sub}" in weights:
         return f"{record.task}/{sub}"
     return record.task
