@@ -226,6 +226,24 @@ def test_turn_shortfall_is_signed_by_the_turn_and_skips_straight_and_invalid_pla
     assert turn_shortfall([plan(0.0)], [plan(0.2)]) == (0, None)
 
 
+def test_turn_starts_count_the_plans_that_begin_the_referenced_turn():
+    from wamdiff_training.evaluation import turn_starts
+
+    def plan(y8: float) -> np.ndarray:
+        w = np.zeros((8, 2))
+        w[:, 0], w[:, 1] = np.arange(1, 9) * 4.0, np.linspace(0.0, y8, 8)
+        return w
+
+    references = [plan(6.0), plan(-8.0), plan(-8.0), plan(6.0), plan(5.0)]
+    starts = [True, True, True, True, False]  # the last is not a turn start: not counted whatever its plan
+    predicted = [plan(3.5), fmt.format_waypoints(plan(-1.0)), plan(4.0), "012.0,", plan(9.0)]
+    out = turn_starts(predicted, references, starts)
+    # 3.5 m left of a left turn: begun; 1 m right of a right turn: not; 4 m left of a right turn: -4, not
+    assert out == {"references": 4, "valid": 3, "begun": 1, "median_sideways_m": pytest.approx(1.0)}
+    assert turn_starts([plan(0.0)], [plan(6.0)], [False]) == {"references": 0, "valid": 0, "begun": 0,
+                                                             "median_sideways_m": None}
+
+
 def test_max_samples_are_spread_over_the_file():
     from wamdiff_training.evaluation import evenly_spaced
 

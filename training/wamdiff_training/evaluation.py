@@ -33,7 +33,8 @@ from wamdiff_ros.model import TINY_RANDOM, ModelBundle, load
 from wamdiff_ros.planner import EgoState, Plan, Planner
 from wamdiff_ros.world.questions import read_lead_answer
 from wamdiff_training import checkpoint, plots
-from wamdiff_training.data import BEHAVIOURS, Record, RecordError, behaviour_of, encode_record, load_records
+from wamdiff_training.data import (BEHAVIOURS, TURN_END_M, Record, RecordError, behaviour_of, encode_record,
+                                  load_records, turn_ahead)
 from wamdiff_training.detection import detection_metrics
 from wamdiff_training.layout import IGNORE, NEXT_TOKEN, NoiseConfig, ar_layout, diffusion_batch, forward_layouts
 from wamdiff_training.losses import masked_cross_entropy, token_accuracy
@@ -175,6 +176,19 @@ def turn_shortfall(predicted: list, references: list[np.ndarray]) -> tuple[int, 
     return len(gaps), (float(np.mean(gaps)) if gaps else None)
 
 
+def turn_starts(predicted: list, references: list[np.ndarray], starts: list[bool]) -> dict:
+    """Over the references that begin a turn (``starts``: junction records whose reference ``turn_ahead`` flags: it
+    ends >= TURN_END_M to one side while its 1 s waypoint is still straight ahead), how many valid predictions end at
+    least TURN_END_M to that side (``begun``), and the median of how far they end to it (m; negative: the other)."""
+    sideways = []
+    for prediction, truth, start in zip(predicted, references, starts):
+        waypoints = as_waypoints(prediction)
+        if start and waypoints is not None:
+            sideways.append(math.copysign(1.0, float(np.asarray(truth)[-1, 1])) * float(waypoints[-1, 1]))
+    return {"references": sum(starts), "valid": len(sideways), "begun": sum(y >= TURN_END_M for y in sideways),
+            "median_sideways_m": float(np.median(sideways)) if sideways else None}
+
+
 def by_behaviour(predicted: list, references: list[np.ndarray], baselines: list[np.ndarray], groups: list[str]
                  ) -> dict:
     """Mean plan L2 per expert behaviour, next to constant velocity's on the same records: whether a model uses
@@ -196,7 +210,7 @@ def by_behaviour(predicted: list, references: list[np.ndarray], baselines: list[
 def plan_row(planner: Planner, records: list[Record], images: dict, bar, threshold: float | None) -> dict:
     """Decode every plan record; per-waypoint L2 against the reference answer (the exposure-bias curve), and mean
     L2 per expert behaviour next to constant velocity's."""
-    plans, references, baselines, groups = [], [], [], []
+    plans, references, baselines, groups, starts = [], [], [], [], []
     for r in records:
         reference = fmt.parse_waypoints(r.answer)
         if not reference.valid:
@@ -206,13 +220,15 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
         references.append(reference.waypoints)
         baselines.append(constant_velocity_plan(ego))
         groups.append(behaviour_of(r.meta))
+        starts.append(groups[-1] == "junction" and turn_ahead(r.answer))
         bar.update()
     predicted = [p.waypoints if p.valid else p.text for p in plans]
     errors = waypoint_l2(predicted, references)
     return {"threshold": threshold, "plans": len(plans), "valid": errors.valid, "invalid": errors.invalid,
             "invalid_rate": errors.invalid / len(plans) if plans else math.nan,
             "l2_per_waypoint": errors.per_waypoint.tolist(), "l2_mean": errors.mean,
-            "by_behaviour": by_behaviour(predicted, references, baselines, groups), **_speed(plans)}
+            "by_behaviour": by_behaviour(predicted, references, baselines, groups),
+            "turn_starts": turn_starts(predicted, references, starts), **_speed(plans)}
 
 
 def ask_breakdown(pairs: list[tuple[Plan, Record]]) -> dict:
@@ -508,6 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         junction = (row.get("by_behaviour") or {}).get("junction") or {}
         turns = "" if junction.get("turn_shortfall_m") is None else (
             f", junction turns {junction['turn_shortfall_m']:.2f} m short at wp8 ({junction['turns']} turns)")
+        starts = row.get("turn_starts") or {}
+        if starts.get("valid"):
+            turns += (f", turns begun {starts['begun']}/{starts['references']} (median "
+                      f"{starts['median_sideways_m']:.2f} m to the side)")
         print(f"{e['legend']}: plan L2 {row['l2_mean']:.3f} m (wp8 {row['l2_per_waypoint'][-1]:.3f}), invalid "
               f"{row['invalid']}/{row['plans']}, {row['forward_calls_per_token']:.3f} forwards/token, "
               f"{row['tokens_per_s']:.0f} tokens/s, token acc {e['teacher_forced']['token_accuracy']:.3f}{rho}, "
