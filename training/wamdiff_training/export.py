@@ -187,8 +187,8 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str
         "kinds; it has never seen a real image.",
         "- Tiny capacity: boxes and answers are far from a real VLA's; driving skill is what the closed-loop table "
         "says and no more.",
-        "- Junctions: the tiny students of this pipeline do not begin a turn at a junction (they cross straight on "
-        "and fail commanded turns; the package README's Limitations).",
+        "- Junctions: the tiny students of this pipeline do not begin a turn at a junction, nor give way before "
+        "one (they cross straight on and fail commanded turns; the package README's Limitations).",
         "- Every figure above comes from `training/results/*.json` (regenerate `training/RESULTS.md` with "
         "`make results`).",
         "",
