@@ -97,9 +97,9 @@ def stages_text(plan_path: str | None) -> str:
         a, rounds = plan.adapt_dagger, adapt_dagger_rounds(plan, lender)
         other = "teacher" if lender == "student" else "student"
         n = adapt_dagger_rounds(plan, other)
-        fewer = "" if n == rounds else f"; the {other}: {n} round{'s' if n > 1 else ''}"
+        others = "" if n == rounds else f"; the {other}: {n} round{'s' if n > 1 else ''}"
         parts.append(f"{rounds} DAgger round{'s' if rounds > 1 else ''} driven by the {lender}'s B = "
-                     f"{plan.curriculum[-1]} model ({a.steps} steps at that B{fewer})")
+                     f"{plan.curriculum[-1]} model ({a.steps} steps at that B{others})")
     parts.append(f"Stage II block-wise distillation ({plan.distill_steps} steps; each model's B = "
                  f"{plan.distill_teacher_block} phase teaches its B = {plan.curriculum[-1]} phase, symmetric JSD)")
     anchor = f", plus {plan.cross_scale_ce_weight:g} × cross-entropy to the ground truth" \

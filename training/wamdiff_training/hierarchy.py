@@ -199,10 +199,10 @@ def load_plan(path: str | Path) -> HierarchyPlan:
             if rounds < 1 or (isinstance(shares, list) and rounds > len(shares)):
                 raise ConfigError(str(path), f"{who}.adapt_dagger_rounds",
                                   f"must be >= 1 and have an adapt_dagger.expert_share each, got {rounds}")
-            if m.dagger_from is not None and rounds > adapt_dagger_rounds(plan, other):
+            driven = adapt_dagger_rounds(plan, other)
+            if m.dagger_from is not None and rounds > driven:
                 raise ConfigError(str(path), f"{who}.adapt_dagger_rounds",
-                                  f"{rounds} rounds, but {other!r}, whose exports it trains on, drives only "
-                                  f"{adapt_dagger_rounds(plan, other)}")
+                                  f"{rounds} rounds, but {other!r}, whose exports it trains on, drives only {driven}")
     return plan
 
 

@@ -164,9 +164,9 @@ class World:
         last = len(segments) - 1
         self.route.target_m = self.route.offsets[last] + min(spec.exit_distance_m, net.graph[path[-2]][path[-1]][0].length)
         junction = [i for i, (a, _) in enumerate(segments) if a == junction_node][0]
-        self.route.command_from_m = self.route.offsets[junction] - 60.0
-        self.route.command_to_m = self.route.offsets[last] + 10.0
         self.route.junction_m, self.route.exit_m = self.route.offsets[junction], self.route.offsets[-exit_segments]
+        self.route.command_from_m = self.route.junction_m - 60.0
+        self.route.command_to_m = self.route.offsets[last] + 10.0
         self.exit_direction = direction
         self._view = (-math.inf, math.inf)
 
