@@ -323,3 +323,35 @@ def test_cli_rejects_a_non_empty_out_dir_and_bad_settings(exported, tmp_path, ca
         assert rc == 2 and message in capsys.readouterr().err
     with pytest.raises(DatasetError, match="sample_period_s"):
         RolloutConfig(sample_period_s=0.0)
+
+
+def test_counterfactual_commands_label_the_approach_under_every_other_command(tmp_path):
+    """An intersection episode: on the approach each frame also carries the expert's plan under the two other
+    commands (the same image, speed and expert state); in the box and after it, none. The own labels and the
+    images are those of the plain export, and a right turn's counterfactual bends right where the left one does
+    not."""
+    spec, base = SET.get("intersection"), RolloutConfig(noise=NoiseConfig(fraction=0.0), questions_per_frame=0)
+    seed = next(s for s in range(50) if World(spec, s, SET).exit_direction == "left")
+    plain = rollout(spec, seed, base, SET)
+    ep = rollout(spec, seed, replace(base, counterfactual_commands=True), SET)
+    assert [f.waypoints.tolist() for f in ep.frames] == [f.waypoints.tolist() for f in plain.frames]
+    assert all(np.array_equal(a.image, b.image) for a, b in zip(ep.frames, plain.frames))
+    world = World(spec, seed, SET)
+    approach = [f for f in ep.frames if f.counterfactuals]
+    assert approach and approach[0].index == 0 and any(not f.counterfactuals for f in ep.frames)
+    assert all({c for c, _, _ in f.counterfactuals} == {fmt.Command.RIGHT, fmt.Command.STRAIGHT}
+               and f.command == fmt.Command.LEFT for f in approach)
+    assert world.alternative_routes().keys() == {fmt.Command.RIGHT, fmt.Command.STRAIGHT}
+    right = [dict((c, w) for c, w, _ in f.counterfactuals)[fmt.Command.RIGHT][-1, 1] for f in approach]
+    assert min(right) < -3.0  # the expert turning right somewhere on the approach, to the ego's right (y < 0)
+    # the records: one extra plan sample per counterfactual, its command in the prompt and the meta
+    samples = [s for f in ep.frames for s in records(f, "train", spec.kind, False)]
+    cf = [s for s in samples if s["meta"].get("counterfactual")]
+    assert len(cf) == 2 * len(approach) and all(s["task"] == "plan" for s in cf)
+    for s in cf:
+        command = fmt.Command(s["meta"]["command"])
+        assert s["id"].endswith(f"_cf_{command.value}") and command.phrase in s["conversations"][0]["value"]
+        assert fmt.parse_waypoints(_answer(s)).valid
+    # the highway has one route: nothing extra
+    highway = rollout(SET.get("highway"), 0, replace(base, counterfactual_commands=True, max_seconds=3.0), SET)
+    assert not any(f.counterfactuals for f in highway.frames)

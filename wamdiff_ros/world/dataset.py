@@ -71,6 +71,9 @@ def records(frame: Frame, split: str, kind: str, perturbed_episode: bool) -> lis
     out = [sample("plan", fmt.plan_prompt(frame.command, frame.velocity, frame.acceleration),
                   fmt.format_waypoints(frame.waypoints)),
            sample("detect", fmt.detect_prompt(), fmt.format_boxes([lb.box for lb in frame.boxes]))]
+    out += [sample("plan", fmt.plan_prompt(command, frame.velocity, frame.acceleration), fmt.format_waypoints(wp),
+                   f"_cf_{command.value}", command=command.value, expert=reason, counterfactual=True)
+            for command, wp, reason in frame.counterfactuals]
     out += [sample("ask", fmt.ask_prompt(q), a, f"_{key}", question=key) for key, q, a in frame.questions]
     return out
 
@@ -206,6 +209,7 @@ def counts(samples: list[dict]) -> dict:
     return {"samples": len(samples), "images": len({s["image"] for s in samples}),
             "perturbed_samples": sum(s["meta"]["perturbed"] for s in samples),
             "model_driven_samples": sum(s["meta"].get("driver") == "model" for s in samples),
+            "counterfactual_samples": sum(bool(s["meta"].get("counterfactual")) for s in samples),
             "task": dict(Counter(s["task"] for s in samples)),
             "scenario": dict(Counter(s["meta"]["scenario"] for s in samples))}
 
@@ -265,6 +269,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--expert-share", type=float, default=0.5,
                    help="with --driver: probability that a sample interval (--sample-period) is driven by the expert")
     g.add_argument("--questions", type=int, default=2, help="ask samples per image")
+    g.add_argument("--counterfactual-commands", action="store_true",
+                   help="junction scenarios: also label each approach frame with the expert's plan under every "
+                        "other command (extra plan samples on the same image, meta.counterfactual)")
     g.add_argument("--max-seconds", type=float, default=None, help="cut each episode after this sim time")
     g.add_argument("--workers", type=int, default=1)
     g.add_argument("--out", type=Path, required=True)
@@ -351,7 +358,8 @@ def generate(args: argparse.Namespace, argv: list[str]) -> None:
     specs = scenarios.select(args.scenarios)
     _check(args, splits)
     config = RolloutConfig(args.sample_period, NoiseConfig(fraction=args.noise_fraction), args.questions,
-                           args.max_seconds, expert_share=args.expert_share)
+                           args.max_seconds, expert_share=args.expert_share,
+                           counterfactual_commands=args.counterfactual_commands)
     if args.driver is not None and not Path(args.driver).is_dir():
         raise DatasetError(f"--driver {args.driver}: not a model folder")
     sample_steps(config.sample_period_s, 1.0 / scenarios.sim_hz, "--sample-period")
@@ -365,6 +373,7 @@ def generate(args: argparse.Namespace, argv: list[str]) -> None:
         "scenario_set": {"version": scenarios.version, "source": scenarios.source},
         "camera": asdict(config.camera), "split_seed_base": SPLIT_SEED_BASE, "questions": questions.QUESTIONS,
         "noise": asdict(config.noise), "replan_hz": REPLAN_HZ,
+        "counterfactual_commands": config.counterfactual_commands,
         "dagger": None if args.driver is None else {"driver": str(args.driver), "expert_share": args.expert_share},
     })
     manifest.setdefault("splits", {})

@@ -25,7 +25,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.control import FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
 from wamdiff_ros.world import questions
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera, LabelledBox
-from wamdiff_ros.world.expert import Expert
+from wamdiff_ros.world.expert import Expert, counterfactual_plans
 from wamdiff_ros.world.scenarios import ScenarioSet, ScenarioSpec
 from wamdiff_ros.world.sim import World
 from wamdiff_ros.world.types import Pose2D
@@ -70,6 +70,9 @@ class RolloutConfig:
     max_samples: int | None = None
     camera: CameraConfig = field(default_factory=CameraConfig)
     expert_share: float = 0.5  # with a driver: probability that a sample interval is driven by the expert
+    # junction scenarios: also label each approach frame with the expert's plan under every other command (the same
+    # image; only the command and the plan differ), so a model cannot fit the turns without reading the command
+    counterfactual_commands: bool = False
 
     def __post_init__(self) -> None:
         checks = {"sample_period_s": self.sample_period_s > 0, "noise.fraction": 0 <= self.noise.fraction <= 1,
@@ -103,6 +106,8 @@ class Frame:
     infractions: int  # so far in the episode
     executed: np.ndarray | None = None  # (8, 2) where the ego really was at the waypoint times (NaN past the end)
     driver: str = "expert"  # who drives from this frame to the next: "expert" or "model" (DAgger)
+    # (command, the expert's waypoints under it, its reason) for the other commands (RolloutConfig)
+    counterfactuals: list[tuple[fmt.Command, np.ndarray, str]] = field(default_factory=list)
 
 
 class Driver(Protocol):
@@ -196,7 +201,9 @@ def rollout(spec: ScenarioSpec, seed: int, config: RolloutConfig = RolloutConfig
                 spec.name, seed, len(frames), round(world.t, 3), shot.image, velocity, acceleration, world.command,
                 world.ego_speed, np.asarray(plan.waypoints), shot.boxes,
                 questions.ask(world, ask_rng, config.questions_per_frame), noise, plan.reason, len(world.events),
-                driver=driving))
+                driver=driving, counterfactuals=[] if not config.counterfactual_commands else [
+                    (command, np.asarray(other.waypoints), other.reason)
+                    for command, other in counterfactual_plans(world).items()]))
             frame_steps.append(step)
         acceleration, steer = actuator(follower.step(active, world.ego_pose, world.ego_speed, world.t))
         if noise is not None:

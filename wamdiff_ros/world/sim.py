@@ -83,6 +83,7 @@ class World:
         self._last_hit: dict[int, float] = {}
         self._traffic_still: dict[int, float] = {}
         self._next_spawn = 0.0
+        self._junction: tuple | None = None  # junction scenarios: what _route_to needs to route to any exit
         getattr(self, f"_build_{spec.kind}")()
         self.ego.check_collisions = True
         self.road.vehicles.insert(0, self.ego)
@@ -153,22 +154,43 @@ class World:
         leaves the junction where its last ``exit_segments`` segments begin."""
         spec, net = self.spec, self.road.network
         direction = str(self.rng.choice(list(spec.exits)))
-        exit_node = exits[direction]
-        path = net.shortest_path(start[0], exit_node)
-        segments = list(zip(path[:-1], path[1:]))
-        self.route = Route(segments, net, command=fmt.Command(direction))
         lane = net.get_lane(start)
         self.ego = Vehicle(self.road, lane.position(spec.ego_start_m, 0.0), lane.heading_at(spec.ego_start_m),
                            spec.ego_speed)
+        self._junction = (start, exits, junction_node, exit_segments)
+        self.route = self._route_to(direction)
         self.route.start_m = self.route.segment_progress(0, self.ego.position)[0]
-        last = len(segments) - 1
-        self.route.target_m = self.route.offsets[last] + min(spec.exit_distance_m, net.graph[path[-2]][path[-1]][0].length)
-        junction = [i for i, (a, _) in enumerate(segments) if a == junction_node][0]
-        self.route.junction_m, self.route.exit_m = self.route.offsets[junction], self.route.offsets[-exit_segments]
-        self.route.command_from_m = self.route.junction_m - 60.0
-        self.route.command_to_m = self.route.offsets[last] + 10.0
         self.exit_direction = direction
         self._view = (-math.inf, math.inf)
+
+    def _route_to(self, direction: str) -> Route:
+        """The junction route from the ego's start lane to the exit in ``direction`` (``_junction_route``)."""
+        start, exits, junction_node, exit_segments = self._junction
+        spec, net = self.spec, self.road.network
+        path = net.shortest_path(start[0], exits[direction])
+        segments = list(zip(path[:-1], path[1:]))
+        route = Route(segments, net, command=fmt.Command(direction))
+        last = len(segments) - 1
+        route.target_m = route.offsets[last] + min(spec.exit_distance_m, net.graph[path[-2]][path[-1]][0].length)
+        junction = [i for i, (a, _) in enumerate(segments) if a == junction_node][0]
+        route.junction_m, route.exit_m = route.offsets[junction], route.offsets[-exit_segments]
+        route.command_from_m = route.junction_m - 60.0
+        route.command_to_m = route.offsets[last] + 10.0
+        return route
+
+    def alternative_routes(self) -> dict[fmt.Command, Route]:
+        """Junction scenarios: the routes to the scenario's other exits from the same start (what the expert would
+        do here under another command), while the ego is still on the approach they share with its own route, in
+        the command window; empty otherwise (and on the highway and the merge, which have one route)."""
+        r = self.route
+        if self._junction is None or not r.command_from_m <= self.progress_m < r.junction_m:
+            return {}
+        out = {}
+        for d in self.spec.exits:
+            if d != self.exit_direction:
+                out[fmt.Command(d)] = alt = self._route_to(d)
+                alt.start_m = r.start_m  # the approach is the same road
+        return out
 
     def _exit_directions(self, entry: LaneIndex, candidates: list[tuple[str, str]]) -> dict[str, str]:
         """Classify each exit (its first straight segment) as right / straight / left from the world headings."""
