@@ -244,6 +244,27 @@ def test_turn_starts_count_the_plans_that_begin_the_referenced_turn():
                                                              "median_sideways_m": None}
 
 
+def test_command_response_compares_a_frames_plans_across_its_commands():
+    from wamdiff_training.evaluation import command_response
+
+    def plan(y8: float) -> np.ndarray:
+        w = np.zeros((8, 2))
+        w[:, 0], w[:, 1] = np.arange(1, 9) * 4.0, np.linspace(0.0, y8, 8)
+        return w
+
+    # frame a: left / straight / right references; the model plans straight under all three (spread 0)
+    # frame b: left / right; the model follows both; frame c has one command only and a record of no frame: ignored
+    frames = ["a", "a", "a", "b", "b", "c", None]
+    references = [plan(6.0), plan(0.0), plan(-7.0), plan(5.0), plan(-5.0), plan(6.0), plan(9.0)]
+    predicted = [plan(0.1), plan(0.1), plan(0.1), plan(4.0), fmt.format_waypoints(plan(-3.5)), plan(0.0), plan(0.0)]
+    out = command_response(predicted, references, frames)
+    assert out["frames"] == 2 and out["turns"] == 4 and out["followed"] == 2
+    assert out["plan_spread_m"] == pytest.approx(3.75) and out["reference_spread_m"] == pytest.approx(11.5)
+    assert command_response([plan(0.0)], [plan(6.0)], [None]) is None
+    bad = command_response(["garbled", plan(0.0)], [plan(6.0), plan(0.0)], ["a", "a"])
+    assert bad["plan_spread_m"] is None and bad["turns"] == 1 and bad["followed"] == 0
+
+
 def test_max_samples_are_spread_over_the_file():
     from wamdiff_training.evaluation import evenly_spaced
 

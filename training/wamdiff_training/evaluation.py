@@ -189,6 +189,35 @@ def turn_starts(predicted: list, references: list[np.ndarray], starts: list[bool
             "median_sideways_m": float(np.median(sideways)) if sideways else None}
 
 
+def command_response(predicted: list, references: list[np.ndarray], frames: list[str | None]) -> dict | None:
+    """Whether plans follow the command: over the frames labelled under several commands (``frames``: the image
+    of a plan record from a ``wamdiff-data generate --counterfactual-commands`` export, None for the other records;
+    records of one frame differ only in the command and the answer), the median spread of the last waypoint's
+    sideways offset across a frame's commands, the model's next to the references', and of the references that
+    turn there (|y8| >= TURN_END_M) how many plans end at least TURN_END_M to that side. None without such
+    frames. A model that ignores the command plans alike under every command: spread 0."""
+    by_frame: dict[str, list[int]] = {}
+    for i, frame in enumerate(frames):
+        if frame is not None:
+            by_frame.setdefault(frame, []).append(i)
+    groups = [idx for idx in by_frame.values() if len(idx) > 1]
+    if not groups:
+        return None
+    spread, ref_spread, turns, followed = [], [], 0, 0
+    for idx in groups:
+        ys = [as_waypoints(predicted[i]) for i in idx]
+        if all(w is not None for w in ys):
+            spread.append(float(np.ptp([w[-1, 1] for w in ys])))
+        ref_spread.append(float(np.ptp([np.asarray(references[i])[-1, 1] for i in idx])))
+        for i, w in zip(idx, ys):
+            y = float(np.asarray(references[i])[-1, 1])
+            if abs(y) >= TURN_END_M:
+                turns += 1
+                followed += w is not None and math.copysign(1.0, y) * float(w[-1, 1]) >= TURN_END_M
+    return {"frames": len(groups), "plan_spread_m": float(np.median(spread)) if spread else None,
+            "reference_spread_m": float(np.median(ref_spread)), "turns": turns, "followed": int(followed)}
+
+
 def by_behaviour(predicted: list, references: list[np.ndarray], baselines: list[np.ndarray], groups: list[str]
                  ) -> dict:
     """Mean plan L2 per expert behaviour, next to constant velocity's on the same records: whether a model uses
@@ -210,7 +239,8 @@ def by_behaviour(predicted: list, references: list[np.ndarray], baselines: list[
 def plan_row(planner: Planner, records: list[Record], images: dict, bar, threshold: float | None) -> dict:
     """Decode every plan record; per-waypoint L2 against the reference answer (the exposure-bias curve), and mean
     L2 per expert behaviour next to constant velocity's."""
-    plans, references, baselines, groups, starts = [], [], [], [], []
+    counterfactual = {r.image_path for r in records if r.meta.get("counterfactual")}  # frames under several commands
+    plans, references, baselines, groups, starts, frames = [], [], [], [], [], []
     for r in records:
         reference = fmt.parse_waypoints(r.answer)
         if not reference.valid:
@@ -221,6 +251,7 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
         baselines.append(constant_velocity_plan(ego))
         groups.append(behaviour_of(r.meta))
         starts.append(groups[-1] == "junction" and turn_ahead(r.answer))
+        frames.append(r.image_path if r.meta.get("counterfactual") or r.image_path in counterfactual else None)
         bar.update()
     predicted = [p.waypoints if p.valid else p.text for p in plans]
     errors = waypoint_l2(predicted, references)
@@ -228,7 +259,8 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
             "invalid_rate": errors.invalid / len(plans) if plans else math.nan,
             "l2_per_waypoint": errors.per_waypoint.tolist(), "l2_mean": errors.mean,
             "by_behaviour": by_behaviour(predicted, references, baselines, groups),
-            "turn_starts": turn_starts(predicted, references, starts), **_speed(plans)}
+            "turn_starts": turn_starts(predicted, references, starts),
+            "command_response": command_response(predicted, references, frames), **_speed(plans)}
 
 
 def ask_breakdown(pairs: list[tuple[Plan, Record]]) -> dict:
@@ -528,6 +560,11 @@ def main(argv: list[str] | None = None) -> int:
         if starts.get("valid"):
             turns += (f", turns begun {starts['begun']}/{starts['references']} (median "
                       f"{starts['median_sideways_m']:.2f} m to the side)")
+        response = row.get("command_response")
+        if response and response["plan_spread_m"] is not None:
+            turns += (f", command response: y8 spread {response['plan_spread_m']:.2f} m (reference "
+                      f"{response['reference_spread_m']:.2f} m) over {response['frames']} frames, "
+                      f"{response['followed']}/{response['turns']} turns followed")
         print(f"{e['legend']}: plan L2 {row['l2_mean']:.3f} m (wp8 {row['l2_per_waypoint'][-1]:.3f}), invalid "
               f"{row['invalid']}/{row['plans']}, {row['forward_calls_per_token']:.3f} forwards/token, "
               f"{row['tokens_per_s']:.0f} tokens/s, token acc {e['teacher_forced']['token_accuracy']:.3f}{rho}, "
