@@ -215,6 +215,26 @@ def test_held_out_splits_take_their_own_episode_count(tmp_path, monkeypatch):
     assert [(a[a.index("--split") + 1], a[a.index("--episodes") + 1]) for a in calls] == [("train,val,test", "4")]
 
 
+def test_counterfactual_commands_reach_the_training_exports_only(tmp_path, monkeypatch):
+    import wamdiff_ros.world.dataset as dataset
+    from wamdiff_training.hierarchy import Step, export_dagger
+
+    calls = []
+    monkeypatch.setattr(dataset, "main", lambda argv: calls.append(argv) or 0)
+    plan = load_plan_from(tmp_path, {"root": str(tmp_path / "c"), "episodes": 4, "counterfactual_commands": True})
+    ensure_data(plan, progress=False)
+    assert [(a[a.index("--split") + 1], "--counterfactual-commands" in a) for a in calls] == [("train", True),
+                                                                                              ("val,test", False)]
+    calls.clear()
+    step = Step("student/adapt_dagger/r01/data", "dagger-data", "", tmp_path / "d", 0,
+                ["seed_offset=40", "episodes=2", "expert_share=0.2"])
+    export_dagger(plan, step, "a-model", progress=False)
+    assert "--counterfactual-commands" in calls[0] and "a-model" in calls[0]
+    calls.clear()
+    export_dagger(load_plan_from(tmp_path, {"root": str(tmp_path / "e")}), step, "a-model", progress=False)
+    assert "--counterfactual-commands" not in calls[0]
+
+
 def load_plan_from(tmp_path, plan: dict):
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))

@@ -136,6 +136,9 @@ class HierarchyPlan:
     extra_data: list[str] = field(default_factory=list)  # more conversation JSON for every run (earlier exports)
     recoveries: RecoveryPlan | None = None
     reuse: ReusePlan | None = None
+    # the training exports (the world's train split and every DAgger round's) also label each junction approach
+    # frame under the other commands (wamdiff-data generate --counterfactual-commands); held-out splits never do
+    counterfactual_commands: bool = False
 
     @property
     def data_dir(self) -> Path:
@@ -349,7 +352,8 @@ def export_dagger(plan: HierarchyPlan, step: Step, driver: str, progress: bool) 
     offset, share = setting["seed_offset"], setting["expert_share"]
     args = ["generate", "--scenarios", plan.scenarios, "--episodes", setting["episodes"], "--split", "train",
             "--seed-offset", offset, "--noise-fraction", "0", "--driver", driver, "--expert-share",
-            share, "--workers", str(plan.workers), "--out", str(step.out_dir), "--overwrite"]
+            share, "--workers", str(plan.workers), "--out", str(step.out_dir), "--overwrite",
+            *(["--counterfactual-commands"] if plan.counterfactual_commands else [])]
     if export(args + ([] if progress else ["--no-progress"])) != 0:
         raise RuntimeError(f"the DAgger export into {step.out_dir} failed")
 
@@ -471,11 +475,12 @@ def ensure_data(plan: HierarchyPlan, progress: bool) -> Path:
     from wamdiff_ros.world.dataset import main as export
 
     held_out = plan.episodes if plan.eval_episodes is None else plan.eval_episodes
-    runs = [("train,val,test", plan.episodes)] if held_out == plan.episodes else [("train", plan.episodes),
-                                                                                    ("val,test", held_out)]
+    together = held_out == plan.episodes and not plan.counterfactual_commands
+    runs = [("train,val,test", plan.episodes)] if together else [("train", plan.episodes), ("val,test", held_out)]
     for splits, episodes in runs:
         args = ["generate", "--scenarios", plan.scenarios, "--episodes", str(episodes), "--split", splits,
-                "--workers", str(plan.workers), "--out", str(out), "--overwrite"]
+                "--workers", str(plan.workers), "--out", str(out), "--overwrite",
+                *(["--counterfactual-commands"] if plan.counterfactual_commands and splits == "train" else [])]
         if export(args + ([] if progress else ["--no-progress"])) != 0:
             raise RuntimeError(f"the world's data export into {out} failed")
     return out
