@@ -251,7 +251,7 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
         baselines.append(constant_velocity_plan(ego))
         groups.append(behaviour_of(r.meta))
         starts.append(groups[-1] == "junction" and turn_ahead(r.answer))
-        frames.append(r.image_path if r.meta.get("counterfactual") or r.image_path in counterfactual else None)
+        frames.append(r.image_path if r.image_path in counterfactual else None)
         bar.update()
     predicted = [p.waypoints if p.valid else p.text for p in plans]
     errors = waypoint_l2(predicted, references)

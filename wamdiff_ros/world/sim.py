@@ -83,7 +83,7 @@ class World:
         self._last_hit: dict[int, float] = {}
         self._traffic_still: dict[int, float] = {}
         self._next_spawn = 0.0
-        self._junction: tuple | None = None  # junction scenarios: what _route_to needs to route to any exit
+        self._alternatives: dict[fmt.Command, Route] = {}  # junction scenarios: the routes to the other exits
         getattr(self, f"_build_{spec.kind}")()
         self.ego.check_collisions = True
         self.road.vehicles.insert(0, self.ego)
@@ -151,46 +151,41 @@ class World:
     def _junction_route(self, start: LaneIndex, exits: dict[str, str], junction_node: str,
                         exit_segments: int) -> None:
         """The route from ``start`` through the junction to the exit of a random direction of ``spec.exits``; it
-        leaves the junction where its last ``exit_segments`` segments begin."""
+        leaves the junction where its last ``exit_segments`` segments begin. The routes to the other exits are
+        kept for ``alternative_routes``."""
         spec, net = self.spec, self.road.network
         direction = str(self.rng.choice(list(spec.exits)))
         lane = net.get_lane(start)
         self.ego = Vehicle(self.road, lane.position(spec.ego_start_m, 0.0), lane.heading_at(spec.ego_start_m),
                            spec.ego_speed)
-        self._junction = (start, exits, junction_node, exit_segments)
-        self.route = self._route_to(direction)
-        self.route.start_m = self.route.segment_progress(0, self.ego.position)[0]
+
+        def route_to(d: str) -> Route:
+            path = net.shortest_path(start[0], exits[d])
+            segments = list(zip(path[:-1], path[1:]))
+            route = Route(segments, net, command=fmt.Command(d))
+            last = len(segments) - 1
+            route.target_m = route.offsets[last] + min(spec.exit_distance_m, net.graph[path[-2]][path[-1]][0].length)
+            junction = [i for i, (a, _) in enumerate(segments) if a == junction_node][0]
+            route.junction_m, route.exit_m = route.offsets[junction], route.offsets[-exit_segments]
+            route.command_from_m = route.junction_m - 60.0
+            route.command_to_m = route.offsets[last] + 10.0
+            return route
+
+        routes = {fmt.Command(d): route_to(d) for d in spec.exits if d in exits}
+        start_m = routes[fmt.Command(direction)].segment_progress(0, self.ego.position)[0]
+        for route in routes.values():  # the approach is the same road for every exit
+            route.start_m = start_m
+        self.route = routes.pop(fmt.Command(direction))
+        self._alternatives = routes
         self.exit_direction = direction
         self._view = (-math.inf, math.inf)
-
-    def _route_to(self, direction: str) -> Route:
-        """The junction route from the ego's start lane to the exit in ``direction`` (``_junction_route``)."""
-        start, exits, junction_node, exit_segments = self._junction
-        spec, net = self.spec, self.road.network
-        path = net.shortest_path(start[0], exits[direction])
-        segments = list(zip(path[:-1], path[1:]))
-        route = Route(segments, net, command=fmt.Command(direction))
-        last = len(segments) - 1
-        route.target_m = route.offsets[last] + min(spec.exit_distance_m, net.graph[path[-2]][path[-1]][0].length)
-        junction = [i for i, (a, _) in enumerate(segments) if a == junction_node][0]
-        route.junction_m, route.exit_m = route.offsets[junction], route.offsets[-exit_segments]
-        route.command_from_m = route.junction_m - 60.0
-        route.command_to_m = route.offsets[last] + 10.0
-        return route
 
     def alternative_routes(self) -> dict[fmt.Command, Route]:
         """Junction scenarios: the routes to the scenario's other exits from the same start (what the expert would
         do here under another command), while the ego is still on the approach they share with its own route, in
         the command window; empty otherwise (and on the highway and the merge, which have one route)."""
         r = self.route
-        if self._junction is None or not r.command_from_m <= self.progress_m < r.junction_m:
-            return {}
-        out = {}
-        for d in self.spec.exits:
-            if d != self.exit_direction:
-                out[fmt.Command(d)] = alt = self._route_to(d)
-                alt.start_m = r.start_m  # the approach is the same road
-        return out
+        return self._alternatives if r.command_from_m <= self.progress_m < r.junction_m else {}
 
     def _exit_directions(self, entry: LaneIndex, candidates: list[tuple[str, str]]) -> dict[str, str]:
         """Classify each exit (its first straight segment) as right / straight / left from the world headings."""
