@@ -270,3 +270,41 @@ def test_max_samples_are_spread_over_the_file():
 
     assert evenly_spaced(list(range(10)), 3) == [0, 3, 6] and evenly_spaced(list(range(4)), None) == [0, 1, 2, 3]
     assert evenly_spaced([1, 2], 5) == [1, 2] and evenly_spaced([], 3) == []
+
+
+@pytest.mark.parametrize("ar", [False, True], ids=["block", "ar"])
+def test_command_likelihood_compares_a_references_likelihood_across_the_frames_prompts(tmp_path, ar):
+    from PIL import Image
+
+    from wamdiff_ros.decoding.settings import DecodeSettings
+    from wamdiff_training.evaluation import Subject, command_likelihood
+
+    meta = DecodeMeta(prediction="next_token", trained_block_size=1, prompt_attention="causal") if ar else \
+        DecodeMeta(trained_block_size=8)
+    bundle = tiny_random(seed=3, meta=meta)
+    settings = DecodeSettings(block_size=1 if ar else 8)
+    subject = Subject("tiny", "tiny", bundle, settings)
+    image = tmp_path / "frame.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (128, 256, 3), dtype=np.uint8)).save(image)
+
+    def record(command: str, y8: float, prompt_command: str | None = None) -> Record:
+        w = np.zeros((8, 2))
+        w[:, 0], w[:, 1] = np.arange(1, 9) * 4.0, np.linspace(0.0, y8, 8)
+        user = fmt.plan_prompt(fmt.Command(prompt_command or command), (8.0, 0.0), (0.0, 0.0))
+        return Record(f"f_{command}", image, user, fmt.format_waypoints(w), "plan",
+                      {"command": command, "counterfactual": command != "straight"})
+
+    plain = [record("left", 6.0), record("right", -6.0), record("straight", 0.0)]
+    out = command_likelihood(subject, plain)
+    assert out["frames"] == 1 and out["references"] == 2  # the straight reference does not turn
+    assert out["gain_mean_nats"] != 0.0 and 0 <= out["own_likeliest"] <= 2
+    # the left and right records' prompts swapped: each turning reference's own prompt becomes the other's
+    two = [record("left", 6.0), record("right", -6.0)]
+    two_swapped = [record("left", 6.0, "right"), record("right", -6.0, "left")]
+    a, b = command_likelihood(subject, two), command_likelihood(subject, two_swapped)
+    assert a["gain_mean_nats"] == pytest.approx(-b["gain_mean_nats"], abs=1e-4)
+    assert a["own_likeliest"] + b["own_likeliest"] == 2
+    # a model that cannot see the command (every prompt says the same) gains nothing, and no prompt is likeliest
+    blind = command_likelihood(subject, [record("left", 6.0, "left"), record("right", -6.0, "left")])
+    assert blind["gain_mean_nats"] == pytest.approx(0.0, abs=1e-5) and blind["own_likeliest"] == 0
+    assert command_likelihood(subject, [record("straight", 0.0)]) is None

@@ -39,7 +39,7 @@ from wamdiff_training.detection import detection_metrics
 from wamdiff_training.layout import IGNORE, NEXT_TOKEN, NoiseConfig, ar_layout, diffusion_batch, forward_layouts
 from wamdiff_training.losses import masked_cross_entropy, token_accuracy
 from wamdiff_training.overlap import Overlap, ar_aligned_overlap, as_waypoints, model_overlap, waypoint_l2
-from wamdiff_training.stages.common import answer_tokens, prompt_inputs
+from wamdiff_training.stages.common import NoisyState, answer_tokens, prompt_inputs
 
 TASKS = ("plan", "detect", "ask")
 _PLAN_TEXT = re.compile(r"navigation information is: (?P<cmd>[a-z ]+)\n.*velocity is: "
@@ -216,6 +216,47 @@ def command_response(predicted: list, references: list[np.ndarray], frames: list
                 followed += w is not None and math.copysign(1.0, y) * float(w[-1, 1]) >= TURN_END_M
     return {"frames": len(groups), "plan_spread_m": float(np.median(spread)) if spread else None,
             "reference_spread_m": float(np.median(ref_spread)), "turns": turns, "followed": int(followed)}
+
+
+@torch.no_grad()
+def command_likelihood(subject: Subject, records: list[Record]) -> dict | None:
+    """Whether the model reads the command, whatever its decoding makes of it: over the frames labelled under
+    several commands (as :func:`command_response`), each turning reference's (|y8| >= TURN_END_M) log-likelihood
+    under its own command's prompt minus the mean under the frame's other prompts, in nats (AR: next token after the
+    clean prefix; diffusion: every answer block masked at once after the clean reference, as Stage I trains), and
+    how many references their own prompt makes likeliest. A model blind to the command scores 0 and ties; greedy
+    digits can hide a reader (training/README.md, "Does the student read the command?"). None without such frames."""
+    counterfactual = {r.image_path for r in records if r.meta.get("counterfactual")}
+    frames: dict[Path, list[Record]] = {}
+    for r in records:
+        if r.task == "plan" and r.image_path in counterfactual:
+            frames.setdefault(r.image_path, []).append(r)
+    frames = {k: v for k, v in frames.items() if len(v) > 1}
+    if not frames:
+        return None
+    bundle = subject.bundle
+    block, pbs = subject.settings.block_size, bundle.meta.prompt_block_size
+    gains, likeliest = [], 0
+    for group in frames.values():
+        samples = [encode_record(bundle, r) for r in group]
+        for j, (record, sample) in enumerate(zip(group, samples)):
+            if abs(float(fmt.parse_waypoints(record.answer).waypoints[-1, 1])) < TURN_END_M:
+                continue
+            if subject.ar:
+                layouts = [ar_layout(prompt_inputs(s), sample.answer_ids, pbs) for s in samples]
+            else:
+                answer = answer_tokens(sample, block, bundle.eos_token_id)
+                layouts = [NoisyState(prompt_inputs(s), answer, torch.full_like(answer, bundle.mask_token_id),
+                                      bundle.mask_token_id).layout(block, pbs) for s in samples]
+            out = forward_layouts(bundle.model, layouts, pad_id=bundle.eos_token_id)
+            scored = out.labels != IGNORE
+            token_ll = torch.log_softmax(out.logits.float(), -1).gather(-1, out.labels.clamp(min=0)[:, None])[:, 0]
+            ll = [float(t[m].sum()) for t, m in zip(token_ll.split(out.lengths), scored.split(out.lengths))]
+            gains.append(ll[j] - float(np.mean(ll[:j] + ll[j + 1:])))
+            likeliest += ll[j] > max(ll[:j] + ll[j + 1:])
+    return {"frames": len(frames), "references": len(gains),
+            "gain_mean_nats": float(np.mean(gains)) if gains else None,
+            "gain_median_nats": float(np.median(gains)) if gains else None, "own_likeliest": int(likeliest)}
 
 
 def by_behaviour(predicted: list, references: list[np.ndarray], baselines: list[np.ndarray], groups: list[str]
@@ -460,6 +501,7 @@ def evaluate(args: argparse.Namespace, argv: list[str]) -> dict:
         samples = {t: [encode_record(subject.bundle, r) for r in rs] for t, rs in by_task.items() if rs}
         entry["teacher_forced"], entry["rho"] = teacher_forced(subject, samples, teacher, args.k, args.batch_size,
                                                                args.seed)
+        entry["command_likelihood"] = command_likelihood(subject, by_task["plan"])
         if args.closed_loop:
             slug = re.sub(r"[^\w.-]+", "_", label)
             entry["closed_loop"] = closed_loop(path, "none", out / "closed_loop" / slug, args, subject)
@@ -565,6 +607,11 @@ def main(argv: list[str] | None = None) -> int:
             turns += (f", command response: y8 spread {response['plan_spread_m']:.2f} m (reference "
                       f"{response['reference_spread_m']:.2f} m) over {response['frames']} frames, "
                       f"{response['followed']}/{response['turns']} turns followed")
+        reading = e.get("command_likelihood") or {}
+        if reading.get("references"):
+            turns += (f", command likelihood {reading['gain_mean_nats']:+.2f} nats (median "
+                      f"{reading['gain_median_nats']:.2f}; own command likeliest for {reading['own_likeliest']}/"
+                      f"{reading['references']} turning references)")
         print(f"{e['legend']}: plan L2 {row['l2_mean']:.3f} m (wp8 {row['l2_per_waypoint'][-1]:.3f}), invalid "
               f"{row['invalid']}/{row['plans']}, {row['forward_calls_per_token']:.3f} forwards/token, "
               f"{row['tokens_per_s']:.0f} tokens/s, token acc {e['teacher_forced']['token_accuracy']:.3f}{rho}, "
