@@ -277,6 +277,7 @@ def test_command_likelihood_compares_a_references_likelihood_across_the_frames_p
     from PIL import Image
 
     from wamdiff_ros.decoding.settings import DecodeSettings
+    from wamdiff_training.data import encode_record
     from wamdiff_training.evaluation import Subject, command_likelihood
 
     meta = DecodeMeta(prediction="next_token", trained_block_size=1, prompt_attention="causal") if ar else \
@@ -294,17 +295,20 @@ def test_command_likelihood_compares_a_references_likelihood_across_the_frames_p
         return Record(f"f_{command}", image, user, fmt.format_waypoints(w), "plan",
                       {"command": command, "counterfactual": command != "straight"})
 
+    def likelihood(records: list[Record]) -> dict | None:
+        return command_likelihood(subject, records, [encode_record(bundle, r) for r in records])
+
     plain = [record("left", 6.0), record("right", -6.0), record("straight", 0.0)]
-    out = command_likelihood(subject, plain)
+    out = likelihood(plain)
     assert out["frames"] == 1 and out["references"] == 2  # the straight reference does not turn
     assert out["gain_mean_nats"] != 0.0 and 0 <= out["own_likeliest"] <= 2
     # the left and right records' prompts swapped: each turning reference's own prompt becomes the other's
     two = [record("left", 6.0), record("right", -6.0)]
     two_swapped = [record("left", 6.0, "right"), record("right", -6.0, "left")]
-    a, b = command_likelihood(subject, two), command_likelihood(subject, two_swapped)
+    a, b = likelihood(two), likelihood(two_swapped)
     assert a["gain_mean_nats"] == pytest.approx(-b["gain_mean_nats"], abs=1e-4)
     assert a["own_likeliest"] + b["own_likeliest"] == 2
     # a model that cannot see the command (every prompt says the same) gains nothing, and no prompt is likeliest
-    blind = command_likelihood(subject, [record("left", 6.0, "left"), record("right", -6.0, "left")])
+    blind = likelihood([record("left", 6.0, "left"), record("right", -6.0, "left")])
     assert blind["gain_mean_nats"] == pytest.approx(0.0, abs=1e-5) and blind["own_likeliest"] == 0
-    assert command_likelihood(subject, [record("straight", 0.0)]) is None
+    assert likelihood([record("straight", 0.0)]) is None

@@ -33,8 +33,8 @@ from wamdiff_ros.model import TINY_RANDOM, ModelBundle, load
 from wamdiff_ros.planner import EgoState, Plan, Planner
 from wamdiff_ros.world.questions import read_lead_answer
 from wamdiff_training import checkpoint, plots
-from wamdiff_training.data import (BEHAVIOURS, TURN_END_M, Record, RecordError, behaviour_of, encode_record,
-                                  load_records, turn_ahead)
+from wamdiff_training.data import (BEHAVIOURS, TURN_END_M, Record, RecordError, Sample, behaviour_of,
+                                  encode_record, load_records, turn_ahead)
 from wamdiff_training.detection import detection_metrics
 from wamdiff_training.layout import IGNORE, NEXT_TOKEN, NoiseConfig, ar_layout, diffusion_batch, forward_layouts
 from wamdiff_training.losses import masked_cross_entropy, token_accuracy
@@ -189,6 +189,22 @@ def turn_starts(predicted: list, references: list[np.ndarray], starts: list[bool
             "median_sideways_m": float(np.median(sideways)) if sideways else None}
 
 
+def counterfactual_frames(records: list[Record]) -> list[Path | None]:
+    """Per plan record, its image when a ``wamdiff-data generate --counterfactual-commands`` export labels that
+    frame under several commands (some record of it is ``meta.counterfactual``), else None."""
+    counterfactual = {r.image_path for r in records if r.meta.get("counterfactual")}
+    return [r.image_path if r.image_path in counterfactual else None for r in records]
+
+
+def frame_groups(frames: list) -> list[list[int]]:
+    """Indices of the records of each frame (not None) that carries more than one record."""
+    by_frame: dict = {}
+    for i, frame in enumerate(frames):
+        if frame is not None:
+            by_frame.setdefault(frame, []).append(i)
+    return [idx for idx in by_frame.values() if len(idx) > 1]
+
+
 def command_response(predicted: list, references: list[np.ndarray], frames: list[str | None]) -> dict | None:
     """Whether plans follow the command: over the frames labelled under several commands (``frames``: the image
     of a plan record from a ``wamdiff-data generate --counterfactual-commands`` export, None for the other records;
@@ -196,11 +212,7 @@ def command_response(predicted: list, references: list[np.ndarray], frames: list
     sideways offset across a frame's commands, the model's next to the references', and of the references that
     turn there (|y8| >= TURN_END_M) how many plans end at least TURN_END_M to that side. None without such
     frames. A model that ignores the command plans alike under every command: spread 0."""
-    by_frame: dict[str, list[int]] = {}
-    for i, frame in enumerate(frames):
-        if frame is not None:
-            by_frame.setdefault(frame, []).append(i)
-    groups = [idx for idx in by_frame.values() if len(idx) > 1]
+    groups = frame_groups(frames)
     if not groups:
         return None
     spread, ref_spread, turns, followed = [], [], 0, 0
@@ -219,42 +231,39 @@ def command_response(predicted: list, references: list[np.ndarray], frames: list
 
 
 @torch.no_grad()
-def command_likelihood(subject: Subject, records: list[Record]) -> dict | None:
+def command_likelihood(subject: Subject, records: list[Record], samples: list[Sample]) -> dict | None:
     """Whether the model reads the command, whatever its decoding makes of it: over the frames labelled under
     several commands (as :func:`command_response`), each turning reference's (|y8| >= TURN_END_M) log-likelihood
     under its own command's prompt minus the mean under the frame's other prompts, in nats (AR: next token after the
     clean prefix; diffusion: every answer block masked at once after the clean reference, as Stage I trains), and
-    how many references their own prompt makes likeliest. A model blind to the command scores 0 and ties; greedy
-    digits can hide a reader (training/README.md, "Does the student read the command?"). None without such frames."""
-    counterfactual = {r.image_path for r in records if r.meta.get("counterfactual")}
-    frames: dict[Path, list[Record]] = {}
-    for r in records:
-        if r.task == "plan" and r.image_path in counterfactual:
-            frames.setdefault(r.image_path, []).append(r)
-    frames = {k: v for k, v in frames.items() if len(v) > 1}
-    if not frames:
+    how many references their own prompt makes likeliest. ``samples``: the plan ``records`` encoded, in order. A
+    model blind to the command scores 0 and ties; greedy digits can hide a reader (training/README.md, "Does the
+    student read the command?"). None without such frames."""
+    groups = frame_groups(counterfactual_frames(records))
+    if not groups:
         return None
     bundle = subject.bundle
     block, pbs = subject.settings.block_size, bundle.meta.prompt_block_size
     gains, likeliest = [], 0
-    for group in frames.values():
-        samples = [encode_record(bundle, r) for r in group]
-        for j, (record, sample) in enumerate(zip(group, samples)):
-            if abs(float(fmt.parse_waypoints(record.answer).waypoints[-1, 1])) < TURN_END_M:
+    for idx in groups:
+        group = [samples[i] for i in idx]
+        for j, i in enumerate(idx):
+            sample = samples[i]
+            if abs(float(fmt.parse_waypoints(records[i].answer).waypoints[-1, 1])) < TURN_END_M:
                 continue
             if subject.ar:
-                layouts = [ar_layout(prompt_inputs(s), sample.answer_ids, pbs) for s in samples]
+                layouts = [ar_layout(prompt_inputs(s), sample.answer_ids, pbs) for s in group]
             else:
                 answer = answer_tokens(sample, block, bundle.eos_token_id)
                 layouts = [NoisyState(prompt_inputs(s), answer, torch.full_like(answer, bundle.mask_token_id),
-                                      bundle.mask_token_id).layout(block, pbs) for s in samples]
+                                      bundle.mask_token_id).layout(block, pbs) for s in group]
             out = forward_layouts(bundle.model, layouts, pad_id=bundle.eos_token_id)
             scored = out.labels != IGNORE
             token_ll = torch.log_softmax(out.logits.float(), -1).gather(-1, out.labels.clamp(min=0)[:, None])[:, 0]
             ll = [float(t[m].sum()) for t, m in zip(token_ll.split(out.lengths), scored.split(out.lengths))]
             gains.append(ll[j] - float(np.mean(ll[:j] + ll[j + 1:])))
             likeliest += ll[j] > max(ll[:j] + ll[j + 1:])
-    return {"frames": len(frames), "references": len(gains),
+    return {"frames": len(groups), "references": len(gains),
             "gain_mean_nats": float(np.mean(gains)) if gains else None,
             "gain_median_nats": float(np.median(gains)) if gains else None, "own_likeliest": int(likeliest)}
 
@@ -280,8 +289,7 @@ def by_behaviour(predicted: list, references: list[np.ndarray], baselines: list[
 def plan_row(planner: Planner, records: list[Record], images: dict, bar, threshold: float | None) -> dict:
     """Decode every plan record; per-waypoint L2 against the reference answer (the exposure-bias curve), and mean
     L2 per expert behaviour next to constant velocity's."""
-    counterfactual = {r.image_path for r in records if r.meta.get("counterfactual")}  # frames under several commands
-    plans, references, baselines, groups, starts, frames = [], [], [], [], [], []
+    plans, references, baselines, groups, starts = [], [], [], [], []
     for r in records:
         reference = fmt.parse_waypoints(r.answer)
         if not reference.valid:
@@ -292,7 +300,6 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
         baselines.append(constant_velocity_plan(ego))
         groups.append(behaviour_of(r.meta))
         starts.append(groups[-1] == "junction" and turn_ahead(r.answer))
-        frames.append(r.image_path if r.image_path in counterfactual else None)
         bar.update()
     predicted = [p.waypoints if p.valid else p.text for p in plans]
     errors = waypoint_l2(predicted, references)
@@ -301,7 +308,8 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
             "l2_per_waypoint": errors.per_waypoint.tolist(), "l2_mean": errors.mean,
             "by_behaviour": by_behaviour(predicted, references, baselines, groups),
             "turn_starts": turn_starts(predicted, references, starts),
-            "command_response": command_response(predicted, references, frames), **_speed(plans)}
+            "command_response": command_response(predicted, references, counterfactual_frames(records)),
+            **_speed(plans)}
 
 
 def ask_breakdown(pairs: list[tuple[Plan, Record]]) -> dict:
@@ -501,7 +509,7 @@ def evaluate(args: argparse.Namespace, argv: list[str]) -> dict:
         samples = {t: [encode_record(subject.bundle, r) for r in rs] for t, rs in by_task.items() if rs}
         entry["teacher_forced"], entry["rho"] = teacher_forced(subject, samples, teacher, args.k, args.batch_size,
                                                                args.seed)
-        entry["command_likelihood"] = command_likelihood(subject, by_task["plan"])
+        entry["command_likelihood"] = command_likelihood(subject, by_task["plan"], samples.get("plan", []))
         if args.closed_loop:
             slug = re.sub(r"[^\w.-]+", "_", label)
             entry["closed_loop"] = closed_loop(path, "none", out / "closed_loop" / slug, args, subject)
