@@ -23,7 +23,7 @@ from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.world.dataset import main as export
 from wamdiff_training.data import Record, RecordError, SampleDataset, answer_format_version, encode_record, load_records
-from wamdiff_training.data import mix_group, turn_ahead
+from wamdiff_training.data import SLOW_DOWN_M, mix_group, slows_down, turn_ahead
 from wamdiff_training.sampling import TaskMix, TaskMixSampler
 
 TASKS = ["plan"] * 30 + ["detect"] * 30 + ["ask"] * 60
@@ -357,3 +357,22 @@ def test_same_seed_same_batches_other_seed_other_batches():
     assert not np.array_equal(s.epoch_batches(0), s.epoch_batches(1))  # reshuffled per epoch
     s.set_epoch(1)
     assert next(iter(s)) == s.epoch_batches(1)[0].tolist()
+
+
+def test_lane_keeping_frames_that_brake_are_their_own_group_when_weighted():
+    def plan(speed, x8, expert="free", command="follow"):
+        xs = np.linspace(x8 / 8, x8, 8)
+        return Record("p", Path("x.png"), "", fmt.format_waypoints(np.stack([xs, np.zeros(8)], 1)), "plan",
+                      {"expert": expert, "command": command, "speed": speed})
+
+    brakes = plan(25.0, 100.0 - SLOW_DOWN_M)  # 8 m short of holding 25 m/s for 4 s
+    holds = plan(25.0, 100.0 - SLOW_DOWN_M + 0.5)
+    speeds_up = plan(20.0, 95.0)
+    assert slows_down(brakes.answer, 25.0) and not slows_down(holds.answer, 25.0)
+    assert not slows_down(brakes.answer, None) and not slows_down("not a plan", 25.0)
+    weights = {"plan": 1.0, "plan/slow_down": 1.0}
+    junction = plan(25.0, 60.0, command="left")  # a junction's braking stays a junction frame
+    lane_change = plan(25.0, 60.0, expert="lane change free")
+    assert [mix_group(r, weights) for r in (brakes, holds, speeds_up, junction, lane_change)] == \
+        ["plan/slow_down", "plan", "plan", "plan", "plan"]
+    assert mix_group(brakes, {"plan": 1.0, "plan/cruise": 1.0}) == "plan/cruise"  # not named: no group

@@ -79,6 +79,7 @@ class Sample:
 BEHAVIOURS = ("cruise", "junction", "lane_change", "yield")
 TURN_END_M = 3.0  # a turn ahead: the reference's last waypoint (4 s) ends at least this far to one side ...
 TURN_BEGUN_M = 0.3  # ... while its 1 s waypoint is within this of straight ahead (the ego has not begun to turn)
+SLOW_DOWN_M = 8.0  # a slow-down: the reference's 4 s waypoint falls this far short of holding the current speed
 
 
 def behaviour_of(meta: dict) -> str | None:
@@ -107,15 +108,29 @@ def turn_ahead(answer: str) -> bool:
     return parsed.valid and abs(float(y[-1])) >= TURN_END_M and abs(float(y[1])) <= TURN_BEGUN_M
 
 
+def slows_down(answer: str, speed: float | None) -> bool:
+    """Whether a plan reference brakes: its 4 s waypoint lies at least ``SLOW_DOWN_M`` short of where the current
+    ``speed`` (m/s) held for 4 s would take the ego (a mean deceleration of at least 1 m/s^2 over the plan)."""
+    if speed is None:
+        return False
+    parsed = fmt.parse_waypoints(answer)
+    horizon = fmt.NUM_WAYPOINTS * fmt.WAYPOINT_DT_S
+    return parsed.valid and float(parsed.waypoints[-1, 0]) <= float(speed) * horizon - SLOW_DOWN_M
+
+
 def mix_group(record: Record, weights: dict[str, float]) -> str:
     """The sampling group of a record under ``data.task_weights``: ``"plan/<behaviour>"`` (e.g. ``plan/lane_change``)
     or ``"ask/<question>"`` (the world's question key, e.g. ``ask/lead``) when the weights name that group, else its
     task; a named group's share is taken out of its task's. ``plan/turn_start`` (when named) takes the junction
-    records whose reference begins a turn (``turn_ahead``) out of ``plan/junction`` or ``plan``."""
+    records whose reference begins a turn (``turn_ahead``) out of ``plan/junction`` or ``plan``; ``plan/slow_down``
+    (when named) the lane-keeping records whose reference brakes (``slows_down``: car following, a slow lead) out
+    of ``plan/cruise`` or ``plan``."""
     sub = behaviour_of(record.meta) if record.task == "plan" else (
         record.meta.get("question") if record.task == "ask" else None)
     if sub == "junction" and "plan/turn_start" in weights and turn_ahead(record.answer):
         return "plan/turn_start"
+    if sub == "cruise" and "plan/slow_down" in weights and slows_down(record.answer, record.meta.get("speed")):
+        return "plan/slow_down"
     if sub is not None and f"{record.task}/{sub}" in weights:
         return f"{record.task}/{sub}"
     return record.task

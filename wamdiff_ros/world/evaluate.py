@@ -1,7 +1,8 @@
 """``wamdiff-eval closed-loop``: the model and the baselines (expert, constant velocity) on the frozen scenarios, in
 parallel worker processes (one torch thread each), scored as Bench2Drive does; writes a JSON report, a markdown
 table, bird's-eye plots and front-camera videos. ``wamdiff-eval lane-probe``: does the model's plan follow its pose
-in the lane (``wamdiff_ros.world.lane_probe``)."""
+in the lane (``wamdiff_ros.world.lane_probe``). ``wamdiff-eval lead-probe``: does it slow down for slower traffic
+ahead (``wamdiff_ros.world.lead_probe``)."""
 
 from __future__ import annotations
 
@@ -110,11 +111,11 @@ def _decode_overrides(args) -> dict:
                               ("block_size", args.block_size)) if v is not None}
 
 
-def lane_probe_main(args, parser) -> int:
+def _probe_planner(args, parser):
+    """The model a probe command runs (after checking --model and --vision) and the decode overrides it used."""
     import torch
 
     from wamdiff_ros.planner import Planner
-    from wamdiff_ros.world import lane_probe
 
     if not is_model(args.model):
         parser.error(f"--model: {args.model!r} is not a checkpoint folder")
@@ -122,7 +123,20 @@ def lane_probe_main(args, parser) -> int:
         parser.error(f"--vision: 0 (off) or at least 20 frames to fit and hold out, got {args.vision}")
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     decode = _decode_overrides(args)
-    planner = Planner.from_pretrained(args.model, **decode)
+    return Planner.from_pretrained(args.model, **decode), decode
+
+
+def _write_report(report: dict, path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=1))
+        print(f"report: {path}")
+
+
+def lane_probe_main(args, parser) -> int:
+    from wamdiff_ros.world import lane_probe
+
+    planner, decode = _probe_planner(args, parser)
     cases = lane_probe.cases()
     with tqdm(total=len(cases), desc="lane probe", unit="case", disable=args.no_progress, file=sys.stderr) as bar:
         rows = lane_probe.probe(ModelPlanner(planner), cases, progress=bar.update)
@@ -146,10 +160,42 @@ def lane_probe_main(args, parser) -> int:
         v = report["vision"]
         print(f"vision features -> pose (ridge, {v['held_out']} held-out of {v['frames']} frames): "
               f"offset R2 {v['offset_r2']}, heading R2 {v['heading_r2']}")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
-        print(f"report: {args.json}")
+    _write_report(report, args.json)
+    return 0
+
+
+def lead_probe_main(args, parser) -> int:
+    from wamdiff_ros.world import lead_probe
+
+    planner, decode = _probe_planner(args, parser)
+    cases = lead_probe.cases()
+    with tqdm(total=len(cases), desc="lead probe", unit="case", disable=args.no_progress, file=sys.stderr) as bar:
+        rows = lead_probe.probe(ModelPlanner(planner), cases, progress=bar.update)
+    summary = lead_probe.summarize(rows)
+    report = {"model": args.model, "brake_m": lead_probe.BRAKE_M, "decode": decode, "summary": summary,
+              "rows": [r.to_json() for r in rows]}
+    if args.vision:
+        report["vision"] = lead_probe.vision_probe(planner.bundle, lead_probe.random_cases(args.vision))
+
+    def key(row):  # the rows by gap (no row last), then ego speed
+        return row.case.gap_m is None, row.case.gap_m or 0.0, row.case.ego_speed
+
+    print(f"lead probe of {args.model}: slow-down = speed x 4 s - x8 (m), a row of {lead_probe.ROW_SPEED:g} m/s cars "
+          f"across the road; model: mean over {len(lead_probe.LANES)} lanes")
+    print("| row ahead (m) | ego speed (m/s) | expert slow-down | model slow-down |\n|---:|---:|---:|---:|")
+    for (_, _, speed), group in itertools.groupby(sorted(rows, key=key), key=key):
+        group = list(group)
+        gap = "none" if group[0].case.gap_m is None else f"{group[0].case.gap_m:g}"
+        ps = [r.planner_slowdown for r in group if r.planner_slowdown is not None]
+        model = f"{sum(ps) / len(ps):.1f}" if ps else "invalid"
+        expert = sum(r.expert_slowdown for r in group) / len(group)
+        print(f"| {gap} | {speed:g} | {expert:.1f} | {model} |")
+    print("summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+    if args.vision:
+        v = report["vision"]
+        print(f"vision features -> row distance (ridge, {v['held_out']} held-out of {v['frames']} frames): "
+              f"gap R2 {v['gap_r2']}, 1/gap R2 {v['inverse_gap_r2']}")
+    _write_report(report, args.json)
     return 0
 
 
@@ -165,6 +211,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="also fit a ridge probe from the vision features to the pose on N random frames (e.g. 600)")
     lp.add_argument("--json", default=None, metavar="OUT", help="write the rows and summary here")
     lp.add_argument("--no-progress", action="store_true")
+    ld = sub.add_parser("lead-probe", help="does the plan slow down for a row of slower cars ahead")
+    ld.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    ld.add_argument("--threshold", type=float, default=None, help="decoder confidence threshold")
+    ld.add_argument("--schedule", choices=SCHEDULES, default=None, help="decoder unmask schedule")
+    ld.add_argument("--block-size", type=int, default=None)
+    ld.add_argument("--vision", type=int, default=0, metavar="N",
+                    help="also fit a ridge probe from the vision features to the row's distance on N random frames")
+    ld.add_argument("--json", default=None, metavar="OUT", help="write the rows and summary here")
+    ld.add_argument("--no-progress", action="store_true")
     p = sub.add_parser("closed-loop", help="closed-loop driving score on the frozen CPU world")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP}, or none for the baselines only")
     p.add_argument("--scenarios", default="all", help="comma-separated names or all")
@@ -191,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "lane-probe":
         return lane_probe_main(args, parser)
+    if args.command == "lead-probe":
+        return lead_probe_main(args, parser)
 
     try:
         scenario_set = load_scenarios(args.scenario_file)

@@ -127,29 +127,22 @@ def summarize(rows: list[ProbeRow]) -> dict:
     return out
 
 
-def vision_probe(bundle, probe_cases: list[ProbeCase], scenarios: ScenarioSet | None = None,
-                 camera: CameraConfig | None = None, ridge: float = 10.0, held_out: float = 0.3,
-                 seed: int = 0) -> dict:
-    """Held-out R² of a ridge regression from the vision tower's features (merged tokens, flattened) to the ego's
-    offset and heading error, over ``probe_cases`` (give many: a few hundred)."""
+def image_features(bundle, image: np.ndarray) -> np.ndarray:
+    """The vision tower's features of one camera image: all merged tokens, flattened (float64)."""
     import torch
 
-    scenarios = scenarios or load_scenarios()
-    camera = camera or CameraConfig()
-    if len(probe_cases) < 20:
-        raise LaneProbeError(f"vision probe: {len(probe_cases)} cases is too few to fit and hold out (>= 20)")
-    feats, targets = [], []
+    processed = bundle.image_processor(images=[image], return_tensors="pt")
     model = bundle.model
-    for case in probe_cases:
-        world = place(case, scenarios)
-        image = FrontCamera(world.geometry, camera).render(world.ego_pose, world.others()).image
-        processed = bundle.image_processor(images=[image], return_tensors="pt")
-        with torch.no_grad():
-            out = model.model.get_image_features(processed["pixel_values"].to(model.device, model.dtype),
-                                                 processed["image_grid_thw"].to(model.device), return_dict=True)
-        feats.append(out.pooler_output[0].float().flatten().cpu().numpy())
-        targets.append((case.offset_m, case.heading_rad))
-    x, y = np.asarray(feats, np.float64), np.asarray(targets)
+    with torch.no_grad():
+        out = model.model.get_image_features(processed["pixel_values"].to(model.device, model.dtype),
+                                             processed["image_grid_thw"].to(model.device), return_dict=True)
+    return out.pooler_output[0].float().flatten().cpu().numpy().astype(np.float64)
+
+
+def ridge_r2(features: np.ndarray, targets: np.ndarray, ridge: float = 10.0, held_out: float = 0.3,
+             seed: int = 0) -> np.ndarray:
+    """Held-out R² per target column of a ridge regression (standardised features) fitted on the other frames."""
+    x, y = np.asarray(features, np.float64), np.asarray(targets, np.float64).reshape(len(features), -1)
     order = np.random.default_rng(seed).permutation(len(x))
     cut = int(round(len(x) * (1.0 - held_out)))
     fit, test = order[:cut], order[cut:]
@@ -158,8 +151,27 @@ def vision_probe(bundle, probe_cases: list[ProbeCase], scenarios: ScenarioSet | 
     a = x[fit]
     weights = np.linalg.solve(a.T @ a + ridge * np.eye(a.shape[1]), a.T @ (y[fit] - y[fit].mean(0)))
     pred = x[test] @ weights + y[fit].mean(0)
-    r2 = 1.0 - ((pred - y[test]) ** 2).sum(0) / np.maximum(((y[test] - y[test].mean(0)) ** 2).sum(0), 1e-12)
-    return {"frames": len(x), "held_out": len(test), "offset_r2": round(float(r2[0]), 3),
+    return 1.0 - ((pred - y[test]) ** 2).sum(0) / np.maximum(((y[test] - y[test].mean(0)) ** 2).sum(0), 1e-12)
+
+
+def vision_probe(bundle, probe_cases: list[ProbeCase], scenarios: ScenarioSet | None = None,
+                 camera: CameraConfig | None = None, ridge: float = 10.0, held_out: float = 0.3,
+                 seed: int = 0) -> dict:
+    """Held-out R² of a ridge regression from the vision tower's features (merged tokens, flattened) to the ego's
+    offset and heading error, over ``probe_cases`` (give many: a few hundred)."""
+    scenarios = scenarios or load_scenarios()
+    camera = camera or CameraConfig()
+    if len(probe_cases) < 20:
+        raise LaneProbeError(f"vision probe: {len(probe_cases)} cases is too few to fit and hold out (>= 20)")
+    feats, targets = [], []
+    for case in probe_cases:
+        world = place(case, scenarios)
+        feats.append(image_features(bundle, FrontCamera(world.geometry, camera).render(world.ego_pose,
+                                                                                      world.others()).image))
+        targets.append((case.offset_m, case.heading_rad))
+    r2 = ridge_r2(np.asarray(feats), np.asarray(targets), ridge, held_out, seed)
+    test = len(feats) - int(round(len(feats) * (1.0 - held_out)))
+    return {"frames": len(feats), "held_out": test, "offset_r2": round(float(r2[0]), 3),
             "heading_r2": round(float(r2[1]), 3)}
 
 
