@@ -40,7 +40,8 @@ def test_the_expert_brakes_for_a_near_row_and_not_on_an_empty_road():
     assert rows[(10.0, 20.0)] >= ld.BRAKE_M and rows[(10.0, 26.0)] >= ld.BRAKE_M
     assert rows[(None, 20.0)] < 0 and rows[(None, 26.0)] < 0  # an empty road: it speeds up to the wanted 28 m/s
     assert rows[(10.0, 26.0)] > rows[(50.0, 26.0)]  # nearer: harder
-    assert ld.slowdown(np.array([[k * 10.0, 0.0] for k in range(1, 9)]), 20.0) == pytest.approx(0.0)
+    held = np.array([[k * 10.0, 0.0] for k in range(1, 9)])  # 20 m/s held
+    assert ld.slowdown(held, 20.0) == pytest.approx(0.0) and ld.slowdown(held, 25.0) == pytest.approx(10.0)
 
 
 def test_summary_scores_the_expert_one_and_constant_velocity_zero():
@@ -70,7 +71,7 @@ class _Reckless:
         self.calls += 1
         assert obs.frame is not None and obs.frame.image.shape[-1] == 3
         wp = np.array(self.expert.plan(obs).waypoints, dtype=np.float64)
-        wp[-1, 0] = 2 * self.speed * ld.HORIZON_S - wp[-1, 0]
+        wp[ld.WAYPOINT - 1, 0] = 2 * self.speed * ld.HORIZON_S - wp[ld.WAYPOINT - 1, 0]
         invalid = bool(self.invalid_every) and self.calls % self.invalid_every == 0
         return PlanResult(wp.astype(np.float32), valid=not invalid)
 
@@ -120,7 +121,7 @@ def test_cli_writes_rows_and_summary(tmp_path, capsys, monkeypatch):
     out = tmp_path / "probe.json"
     assert main(["lead-probe", "--model", "tiny-random", "--json", str(out), "--no-progress"]) == 0
     report = json.loads(out.read_text())
-    assert report["model"] == "tiny-random" and report["brake_m"] == ld.BRAKE_M
+    assert report["model"] == "tiny-random" and report["brake_m"] == ld.BRAKE_M and report["waypoint"] == ld.WAYPOINT
     assert len(report["rows"]) == len(SMALL) and report["summary"]["cases"] == len(SMALL)
     assert "vision" not in report
     text = capsys.readouterr().out

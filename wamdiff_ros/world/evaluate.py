@@ -172,7 +172,8 @@ def lead_probe_main(args, parser) -> int:
     with tqdm(total=len(cases), desc="lead probe", unit="case", disable=args.no_progress, file=sys.stderr) as bar:
         rows = lead_probe.probe(ModelPlanner(planner), cases, progress=bar.update)
     summary = lead_probe.summarize(rows)
-    report = {"model": args.model, "brake_m": lead_probe.BRAKE_M, "decode": decode, "summary": summary,
+    report = {"model": args.model, "waypoint": lead_probe.WAYPOINT, "brake_m": lead_probe.BRAKE_M, "decode": decode,
+              "summary": summary,
               "rows": [r.to_json() for r in rows]}
     if args.vision:
         report["vision"] = lead_probe.vision_probe(planner.bundle, lead_probe.random_cases(args.vision))
@@ -180,8 +181,8 @@ def lead_probe_main(args, parser) -> int:
     def key(row):  # the rows by gap (no row last), then ego speed
         return row.case.gap_m is None, row.case.gap_m or 0.0, row.case.ego_speed
 
-    print(f"lead probe of {args.model}: slow-down = speed x 4 s - x8 (m), a row of {lead_probe.ROW_SPEED:g} m/s cars "
-          f"across the road; model: mean over {len(lead_probe.LANES)} lanes")
+    print(f"lead probe of {args.model}: slow-down = speed x {lead_probe.HORIZON_S:g} s - x{lead_probe.WAYPOINT} (m), "
+          f"a row of {lead_probe.ROW_SPEED:g} m/s cars across the road; model: mean over {len(lead_probe.LANES)} lanes")
     print("| row ahead (m) | ego speed (m/s) | expert slow-down | model slow-down |\n|---:|---:|---:|---:|")
     for (_, _, speed), group in itertools.groupby(sorted(rows, key=key), key=key):
         group = list(group)
