@@ -92,8 +92,6 @@ def behaviour_of(meta: dict) -> str | None:
         return None
     if meta.get("recovery"):
         return "recovery"
-    if meta.get("lead"):
-        return "lead"
     if expert == "yield":
         return "yield"
     if str(expert).startswith("lane change"):
