@@ -203,24 +203,19 @@ def lead_probe_main(args, parser) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wamdiff-eval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    lp = sub.add_parser("lane-probe", help="does the plan follow the ego's offset and heading in its lane")
-    lp.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    lp.add_argument("--threshold", type=float, default=None, help="decoder confidence threshold")
-    lp.add_argument("--schedule", choices=SCHEDULES, default=None, help="decoder unmask schedule")
-    lp.add_argument("--block-size", type=int, default=None)
-    lp.add_argument("--vision", type=int, default=0, metavar="N",
-                    help="also fit a ridge probe from the vision features to the pose on N random frames (e.g. 600)")
-    lp.add_argument("--json", default=None, metavar="OUT", help="write the rows and summary here")
-    lp.add_argument("--no-progress", action="store_true")
-    ld = sub.add_parser("lead-probe", help="does the plan slow down for a row of slower cars ahead")
-    ld.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    ld.add_argument("--threshold", type=float, default=None, help="decoder confidence threshold")
-    ld.add_argument("--schedule", choices=SCHEDULES, default=None, help="decoder unmask schedule")
-    ld.add_argument("--block-size", type=int, default=None)
-    ld.add_argument("--vision", type=int, default=0, metavar="N",
-                    help="also fit a ridge probe from the vision features to the row's distance on N random frames")
-    ld.add_argument("--json", default=None, metavar="OUT", help="write the rows and summary here")
-    ld.add_argument("--no-progress", action="store_true")
+    for name, help_text, vision in (
+            ("lane-probe", "does the plan follow the ego's offset and heading in its lane",
+             "also fit a ridge probe from the vision features to the pose on N random frames (e.g. 600)"),
+            ("lead-probe", "does the plan slow down for a row of slower cars ahead",
+             "also fit a ridge probe from the vision features to the row's distance on N random frames (e.g. 300)")):
+        probe = sub.add_parser(name, help=help_text)
+        probe.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+        probe.add_argument("--threshold", type=float, default=None, help="decoder confidence threshold")
+        probe.add_argument("--schedule", choices=SCHEDULES, default=None, help="decoder unmask schedule")
+        probe.add_argument("--block-size", type=int, default=None)
+        probe.add_argument("--vision", type=int, default=0, metavar="N", help=vision)
+        probe.add_argument("--json", default=None, metavar="OUT", help="write the rows and summary here")
+        probe.add_argument("--no-progress", action="store_true")
     p = sub.add_parser("closed-loop", help="closed-loop driving score on the frozen CPU world")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP}, or none for the baselines only")
     p.add_argument("--scenarios", default="all", help="comma-separated names or all")

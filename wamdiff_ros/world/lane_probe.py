@@ -87,6 +87,25 @@ def place(case: ProbeCase, scenarios: ScenarioSet | None = None) -> World:
     return world
 
 
+def plan_both(planner: ClosedLoopPlanner, world: World, camera: CameraConfig,
+              command: fmt.Command = fmt.Command.FOLLOW):
+    """The expert's waypoints and the planner's ``PlanResult`` from one placed world (its camera frame rendered)."""
+    frame = FrontCamera(world.geometry, camera).render(world.ego_pose, world.others())
+    expert = np.asarray(Expert(world).plan().waypoints)
+    planner.reset(world)
+    return expert, planner.plan(Observation(frame, world.ego_velocity(), world.ego_acceleration(), command, world))
+
+
+def gain_and_correlation(expert: np.ndarray, planner: np.ndarray) -> tuple[float | None, float | None]:
+    """Least-squares slope of centred ``planner`` values on centred ``expert`` ones, and their correlation (0 when
+    the planner's do not vary); (None, None) when the expert's do not vary."""
+    de, dp = np.asarray(expert, np.float64), np.asarray(planner, np.float64)
+    if not float(de @ de) > 0:
+        return None, None
+    correlation = float(de @ dp / math.sqrt(de @ de * (dp @ dp))) if dp @ dp > 0 else 0.0
+    return round(float(de @ dp / (de @ de)), 3), round(correlation, 3)
+
+
 def probe(planner: ClosedLoopPlanner, probe_cases: list[ProbeCase], scenarios: ScenarioSet | None = None,
           camera: CameraConfig | None = None, progress=None) -> list[ProbeRow]:
     """Each case once: the expert's and the planner's sideways waypoint ``WAYPOINT`` from the same state."""
@@ -94,13 +113,9 @@ def probe(planner: ClosedLoopPlanner, probe_cases: list[ProbeCase], scenarios: S
     camera = camera or CameraConfig()
     rows = []
     for case in probe_cases:
-        world = place(case, scenarios)
-        frame = FrontCamera(world.geometry, camera).render(world.ego_pose, world.others())
-        expert_y = float(Expert(world).plan().waypoints[WAYPOINT - 1, 1])
-        planner.reset(world)
-        result = planner.plan(Observation(frame, world.ego_velocity(), world.ego_acceleration(), fmt.Command.FOLLOW,
-                                          world))
-        rows.append(ProbeRow(case, expert_y, float(result.waypoints[WAYPOINT - 1, 1]) if result.valid else None))
+        expert, result = plan_both(planner, place(case, scenarios), camera)
+        rows.append(ProbeRow(case, float(expert[WAYPOINT - 1, 1]),
+                             float(result.waypoints[WAYPOINT - 1, 1]) if result.valid else None))
         if progress is not None:
             progress()
     return rows
@@ -115,10 +130,7 @@ def summarize(rows: list[ProbeRow]) -> dict:
         return out
     e = np.array([r.expert_y for r in valid])
     p = np.array([r.planner_y for r in valid])
-    de, dp = e - e.mean(), p - p.mean()
-    if float(de @ de) > 0:
-        out["gain"] = round(float(de @ dp / (de @ de)), 3)
-        out["correlation"] = round(float(de @ dp / math.sqrt(de @ de * (dp @ dp))), 3) if dp @ dp > 0 else 0.0
+    out["gain"], out["correlation"] = gain_and_correlation(e - e.mean(), p - p.mean())
     out["mean_abs_gap_m"] = round(float(np.abs(e - p).mean()), 3)
     clear = np.abs(e) >= CLEAR_M
     out["clear_cases"] = int(clear.sum())

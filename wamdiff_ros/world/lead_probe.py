@@ -26,16 +26,14 @@ side, not the camera.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
-from wamdiff_ros.world.closed_loop import ClosedLoopPlanner, Observation
-from wamdiff_ros.world.expert import Expert
-from wamdiff_ros.world.lane_probe import image_features, ridge_r2
+from wamdiff_ros.world.closed_loop import ClosedLoopPlanner
+from wamdiff_ros.world.lane_probe import gain_and_correlation, image_features, plan_both, ridge_r2
 from wamdiff_ros.world.recoveries import displace_ego
 from wamdiff_ros.world.scenarios import ScenarioSet, load_scenarios
 from wamdiff_ros.world.sim import World
@@ -120,13 +118,9 @@ def probe(planner: ClosedLoopPlanner, probe_cases: list[LeadCase], scenarios: Sc
     camera = camera or CameraConfig()
     rows = []
     for case in probe_cases:
-        world = place(case, scenarios)
-        frame = FrontCamera(world.geometry, camera).render(world.ego_pose, world.others())
-        expert = slowdown(Expert(world).plan().waypoints, case.ego_speed)
-        planner.reset(world)
-        result = planner.plan(Observation(frame, world.ego_velocity(), world.ego_acceleration(), fmt.Command.FOLLOW,
-                                          world))
-        rows.append(LeadRow(case, expert, slowdown(result.waypoints, case.ego_speed) if result.valid else None))
+        expert, result = plan_both(planner, place(case, scenarios), camera)
+        rows.append(LeadRow(case, slowdown(expert, case.ego_speed),
+                            slowdown(result.waypoints, case.ego_speed) if result.valid else None))
         if progress is not None:
             progress()
     return rows
@@ -151,10 +145,7 @@ def summarize(rows: list[LeadRow]) -> dict:
     e = np.array([r.expert_slowdown for r in valid])
     p = np.array([r.planner_slowdown for r in valid])
     groups = [(r.case.lane, r.case.ego_speed, r.case.row_speed) for r in valid]
-    de, dp = _centred(e, groups), _centred(p, groups)
-    if float(de @ de) > 0:
-        out["gain"] = round(float(de @ dp / (de @ de)), 3)
-        out["correlation"] = round(float(de @ dp / math.sqrt(de @ de * (dp @ dp))), 3) if dp @ dp > 0 else 0.0
+    out["gain"], out["correlation"] = gain_and_correlation(_centred(e, groups), _centred(p, groups))
     out["mean_abs_gap_m"] = round(float(np.abs(e - p).mean()), 3)
     brakes, planner_brakes = e >= BRAKE_M, p >= BRAKE_M
     out["braking_cases"] = int(brakes.sum())
