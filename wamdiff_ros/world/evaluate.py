@@ -2,7 +2,8 @@
 parallel worker processes (one torch thread each), scored as Bench2Drive does; writes a JSON report, a markdown
 table, bird's-eye plots and front-camera videos. ``wamdiff-eval lane-probe``: does the model's plan follow its pose
 in the lane (``wamdiff_ros.world.lane_probe``). ``wamdiff-eval lead-probe``: does it slow down for slower traffic
-ahead (``wamdiff_ros.world.lead_probe``)."""
+ahead (``wamdiff_ros.world.lead_probe``). ``wamdiff-eval compare``: the paired driving-score difference between two
+closed-loop reports, per scenario."""
 
 from __future__ import annotations
 
@@ -200,6 +201,46 @@ def lead_probe_main(args, parser) -> int:
     return 0
 
 
+def _report_episodes(path: str, planner: str, parser) -> list:
+    """The scored episodes of ``planner`` in a ``wamdiff-eval closed-loop`` report (its JSON, or its folder)."""
+    from wamdiff_ros.world.metrics import EpisodeScore
+
+    file = Path(path) / "report.json" if Path(path).is_dir() else Path(path)
+    try:
+        report = json.loads(file.read_text())
+        episodes = [EpisodeScore.from_json(e) for e in report["episodes"]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        parser.error(f"{file}: not a wamdiff-eval closed-loop report ({type(err).__name__}: {err})")
+    chosen = [e for e in episodes if e.planner == planner]
+    if not chosen:
+        present = ", ".join(sorted({e.planner for e in episodes})) or "none"
+        parser.error(f"{file}: no episodes of planner {planner!r} (it holds: {present})")
+    return chosen
+
+
+def compare_main(args, parser) -> int:
+    from wamdiff_ros.world.summary import compare
+
+    new = _report_episodes(args.new, args.planner, parser)
+    ref = _report_episodes(args.ref, args.ref_planner or args.planner, parser)
+    result = compare(new, ref)
+    if not result["rows"]:
+        parser.error(f"{args.new} and {args.ref} share no episode (same mode, scenario and seed)")
+    pct = round(100 * result["level"])
+    print(f"paired driving score, new ({args.new}) - ref ({args.ref}), {result['episodes']} episodes")
+    print(f"| mode | scenario | episodes | new DS | ref DS | new - ref [{pct} % CI] | collisions / ep (new, ref) "
+          "| completed (new, ref) |\n|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in result["rows"]:
+        print(f"| {r['mode']} | {r['scenario']} | {r['episodes']} | {r['new_ds']:.1f} | {r['ref_ds']:.1f} | "
+              f"{r['ds_diff']:+.1f} [{r['ds_diff_lo']:+.1f}, {r['ds_diff_hi']:+.1f}] | "
+              f"{r['new_collisions_per_ep']:.2f}, {r['ref_collisions_per_ep']:.2f} | "
+              f"{r['new_completed']}, {r['ref_completed']} |")
+    if result["only_new"] or result["only_ref"]:
+        print(f"left out (no partner): {result['only_new']} episodes only in new, {result['only_ref']} only in ref")
+    _write_report(result, args.json)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wamdiff-eval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -216,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         probe.add_argument("--vision", type=int, default=0, metavar="N", help=vision)
         probe.add_argument("--json", default=None, metavar="OUT", help="write the rows and summary here")
         probe.add_argument("--no-progress", action="store_true")
+    c = sub.add_parser("compare", help="paired driving-score difference between two closed-loop reports")
+    c.add_argument("new", help="a wamdiff-eval closed-loop report.json (or its folder)")
+    c.add_argument("ref", help="the report to compare against (episodes paired by mode, scenario and seed)")
+    c.add_argument("--planner", default="model", help="the planner compared (default: model)")
+    c.add_argument("--ref-planner", default=None, help="the reference report's planner (default: --planner)")
+    c.add_argument("--json", default=None, metavar="OUT", help="write the rows here")
     p = sub.add_parser("closed-loop", help="closed-loop driving score on the frozen CPU world")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP}, or none for the baselines only")
     p.add_argument("--scenarios", default="all", help="comma-separated names or all")
@@ -244,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         return lane_probe_main(args, parser)
     if args.command == "lead-probe":
         return lead_probe_main(args, parser)
+    if args.command == "compare":
+        return compare_main(args, parser)
 
     try:
         scenario_set = load_scenarios(args.scenario_file)

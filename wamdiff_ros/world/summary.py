@@ -122,3 +122,30 @@ def summarize(scores: Sequence[EpisodeScore], level: float = 0.9, n: int = 2000,
                 paired.append({"mode": mode, "a": a, "b": b, "episodes": len(keys),
                                "ds_diff": diff, "ds_diff_lo": lo, "ds_diff_hi": hi})
     return {"level": level, "groups": groups, "per_scenario": scenarios, "paired": paired}
+
+
+def compare(new: Sequence[EpisodeScore], ref: Sequence[EpisodeScore], level: float = 0.9, n: int = 2000,
+            seed: int = 0) -> dict[str, Any]:
+    """Paired driving-score difference ``new - ref`` over the episodes both runs hold (same mode, scenario and
+    seed): a row per mode and scenario and a row per mode over all of them (scenario ``"all"``), each with both
+    means, the difference with its bootstrap CI at ``level``, the collisions per episode and the completed routes;
+    plus how many episodes only one side holds (left out)."""
+    a = {(s.mode, s.scenario, s.seed): s for s in new}
+    b = {(s.mode, s.scenario, s.seed): s for s in ref}
+    keys = sorted(a.keys() & b.keys())
+    rows = []
+    for mode in sorted({k[0] for k in keys}):
+        in_mode = [k for k in keys if k[0] == mode]
+        for scenario in sorted({k[1] for k in in_mode}) + ["all"]:
+            ks = [k for k in in_mode if scenario in ("all", k[1])]
+            x, y = [a[k].driving_score for k in ks], [b[k].driving_score for k in ks]
+            diff, lo, hi = paired_difference_ci(x, y, level=level, n=n, seed=seed)
+            rows.append({"mode": mode, "scenario": scenario, "episodes": len(ks),
+                         "new_ds": float(np.mean(x)), "ref_ds": float(np.mean(y)),
+                         "ds_diff": diff, "ds_diff_lo": lo, "ds_diff_hi": hi,
+                         "new_collisions_per_ep": float(np.mean([a[k].collisions for k in ks])),
+                         "ref_collisions_per_ep": float(np.mean([b[k].collisions for k in ks])),
+                         "new_completed": sum(a[k].end_reason == "completed" for k in ks),
+                         "ref_completed": sum(b[k].end_reason == "completed" for k in ks)})
+    return {"level": level, "rows": rows, "episodes": len(keys),
+            "only_new": len(a.keys() - b.keys()), "only_ref": len(b.keys() - a.keys())}
