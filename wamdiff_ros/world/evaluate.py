@@ -174,8 +174,7 @@ def lead_probe_main(args, parser) -> int:
         rows = lead_probe.probe(ModelPlanner(planner), cases, progress=bar.update)
     summary = lead_probe.summarize(rows)
     report = {"model": args.model, "waypoint": lead_probe.WAYPOINT, "brake_m": lead_probe.BRAKE_M, "decode": decode,
-              "summary": summary,
-              "rows": [r.to_json() for r in rows]}
+              "summary": summary, "rows": [r.to_json() for r in rows]}
     if args.vision:
         report["vision"] = lead_probe.vision_probe(planner.bundle, lead_probe.random_cases(args.vision))
 
