@@ -134,18 +134,24 @@ def _write_report(report: dict, path: str | None) -> None:
         print(f"report: {path}")
 
 
+def _run_probe(args, parser, module, desc: str, **fields) -> tuple[list, dict, dict]:
+    """A probe module's cases on the model (progress bar): its rows, summary and report (``fields`` go in after the
+    model's name; with ``--vision`` the vision probe too)."""
+    planner, decode = _probe_planner(args, parser)
+    cases = module.cases()
+    with tqdm(total=len(cases), desc=desc, unit="case", disable=args.no_progress, file=sys.stderr) as bar:
+        rows = module.probe(ModelPlanner(planner), cases, progress=bar.update)
+    summary = module.summarize(rows)
+    report = {"model": args.model, **fields, "decode": decode, "summary": summary, "rows": [r.to_json() for r in rows]}
+    if args.vision:
+        report["vision"] = module.vision_probe(planner.bundle, module.random_cases(args.vision))
+    return rows, summary, report
+
+
 def lane_probe_main(args, parser) -> int:
     from wamdiff_ros.world import lane_probe
 
-    planner, decode = _probe_planner(args, parser)
-    cases = lane_probe.cases()
-    with tqdm(total=len(cases), desc="lane probe", unit="case", disable=args.no_progress, file=sys.stderr) as bar:
-        rows = lane_probe.probe(ModelPlanner(planner), cases, progress=bar.update)
-    summary = lane_probe.summarize(rows)
-    report = {"model": args.model, "waypoint": lane_probe.WAYPOINT, "decode": decode, "summary": summary,
-              "rows": [r.to_json() for r in rows]}
-    if args.vision:
-        report["vision"] = lane_probe.vision_probe(planner.bundle, lane_probe.random_cases(args.vision))
+    rows, summary, report = _run_probe(args, parser, lane_probe, "lane probe", waypoint=lane_probe.WAYPOINT)
     poses = {(r.case.offset_m, r.case.heading_rad) for r in rows}
     print(f"lane probe of {args.model}: sideways waypoint {lane_probe.WAYPOINT} (2 s), m, ego frame (y left); "
           f"model y: mean over {len(rows) // max(1, len(poses))} placements (lanes x shifts along the road)")
@@ -168,15 +174,8 @@ def lane_probe_main(args, parser) -> int:
 def lead_probe_main(args, parser) -> int:
     from wamdiff_ros.world import lead_probe
 
-    planner, decode = _probe_planner(args, parser)
-    cases = lead_probe.cases()
-    with tqdm(total=len(cases), desc="lead probe", unit="case", disable=args.no_progress, file=sys.stderr) as bar:
-        rows = lead_probe.probe(ModelPlanner(planner), cases, progress=bar.update)
-    summary = lead_probe.summarize(rows)
-    report = {"model": args.model, "waypoint": lead_probe.WAYPOINT, "brake_m": lead_probe.BRAKE_M, "decode": decode,
-              "summary": summary, "rows": [r.to_json() for r in rows]}
-    if args.vision:
-        report["vision"] = lead_probe.vision_probe(planner.bundle, lead_probe.random_cases(args.vision))
+    rows, summary, report = _run_probe(args, parser, lead_probe, "lead probe", waypoint=lead_probe.WAYPOINT,
+                                       brake_m=lead_probe.BRAKE_M)
 
     def key(row):  # the rows by gap (no row last), then ego speed
         return row.case.gap_m is None, row.case.gap_m or 0.0, row.case.ego_speed
