@@ -152,8 +152,9 @@ def image_features(bundle, image: np.ndarray) -> np.ndarray:
 
 
 def ridge_r2(features: np.ndarray, targets: np.ndarray, ridge: float = 10.0, held_out: float = 0.3,
-             seed: int = 0) -> np.ndarray:
-    """Held-out R² per target column of a ridge regression (standardised features) fitted on the other frames."""
+             seed: int = 0) -> tuple[np.ndarray, int]:
+    """Held-out R² per target column of a ridge regression (standardised features) fitted on the other frames, and
+    how many frames were held out."""
     x, y = np.asarray(features, np.float64), np.asarray(targets, np.float64).reshape(len(features), -1)
     order = np.random.default_rng(seed).permutation(len(x))
     cut = int(round(len(x) * (1.0 - held_out)))
@@ -163,7 +164,18 @@ def ridge_r2(features: np.ndarray, targets: np.ndarray, ridge: float = 10.0, hel
     a = x[fit]
     weights = np.linalg.solve(a.T @ a + ridge * np.eye(a.shape[1]), a.T @ (y[fit] - y[fit].mean(0)))
     pred = x[test] @ weights + y[fit].mean(0)
-    return 1.0 - ((pred - y[test]) ** 2).sum(0) / np.maximum(((y[test] - y[test].mean(0)) ** 2).sum(0), 1e-12)
+    r2 = 1.0 - ((pred - y[test]) ** 2).sum(0) / np.maximum(((y[test] - y[test].mean(0)) ** 2).sum(0), 1e-12)
+    return r2, len(test)
+
+
+def vision_r2(bundle, worlds, targets, camera: CameraConfig, ridge: float = 10.0, held_out: float = 0.3,
+              seed: int = 0) -> tuple[list[float], int, int]:
+    """``ridge_r2`` from the vision features of each placed world's camera frame to its row of ``targets``: the R²
+    per target (3 decimals), the frame count and the held-out count."""
+    feats = [image_features(bundle, FrontCamera(w.geometry, camera).render(w.ego_pose, w.others()).image)
+             for w in worlds]
+    r2, test = ridge_r2(np.asarray(feats), np.asarray(targets), ridge, held_out, seed)
+    return [round(float(v), 3) for v in r2], len(feats), test
 
 
 def vision_probe(bundle, probe_cases: list[ProbeCase], scenarios: ScenarioSet | None = None,
@@ -172,19 +184,12 @@ def vision_probe(bundle, probe_cases: list[ProbeCase], scenarios: ScenarioSet | 
     """Held-out R² of a ridge regression from the vision tower's features (merged tokens, flattened) to the ego's
     offset and heading error, over ``probe_cases`` (give many: a few hundred)."""
     scenarios = scenarios or load_scenarios()
-    camera = camera or CameraConfig()
     if len(probe_cases) < 20:
         raise LaneProbeError(f"vision probe: {len(probe_cases)} cases is too few to fit and hold out (>= 20)")
-    feats, targets = [], []
-    for case in probe_cases:
-        world = place(case, scenarios)
-        feats.append(image_features(bundle, FrontCamera(world.geometry, camera).render(world.ego_pose,
-                                                                                      world.others()).image))
-        targets.append((case.offset_m, case.heading_rad))
-    r2 = ridge_r2(np.asarray(feats), np.asarray(targets), ridge, held_out, seed)
-    test = len(feats) - int(round(len(feats) * (1.0 - held_out)))
-    return {"frames": len(feats), "held_out": test, "offset_r2": round(float(r2[0]), 3),
-            "heading_r2": round(float(r2[1]), 3)}
+    (offset, heading), frames, test = vision_r2(
+        bundle, (place(c, scenarios) for c in probe_cases), [(c.offset_m, c.heading_rad) for c in probe_cases],
+        camera or CameraConfig(), ridge, held_out, seed)
+    return {"frames": frames, "held_out": test, "offset_r2": offset, "heading_r2": heading}
 
 
 def random_cases(count: int, seed: int = 0, max_offset_m: float = 1.8, max_heading_rad: float = 0.08,

@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from wamdiff_ros import format as fmt
-from wamdiff_ros.world.camera import CameraConfig, FrontCamera
+from wamdiff_ros.world.camera import CameraConfig
 from wamdiff_ros.world.closed_loop import ClosedLoopPlanner
-from wamdiff_ros.world.lane_probe import gain_and_correlation, image_features, plan_both, ridge_r2
+from wamdiff_ros.world.lane_probe import gain_and_correlation, plan_both, vision_r2
 from wamdiff_ros.world.recoveries import displace_ego
 from wamdiff_ros.world.scenarios import ScenarioSet, load_scenarios
 from wamdiff_ros.world.sim import World
@@ -168,17 +168,10 @@ def vision_probe(bundle, probe_cases: list[LeadCase], scenarios: ScenarioSet | N
     """Held-out R² of a ridge regression from the vision tower's features to the row's gap and to its inverse (the
     closeness, which braking follows), over ``probe_cases`` with a row (give many: a few hundred)."""
     scenarios = scenarios or load_scenarios()
-    camera = camera or CameraConfig()
     with_row = [c for c in probe_cases if c.gap_m is not None]
     if len(with_row) < 20:
         raise LeadProbeError(f"vision probe: {len(with_row)} cases with a row is too few to fit and hold out (>= 20)")
-    feats, targets = [], []
-    for case in with_row:
-        world = place(case, scenarios)
-        feats.append(image_features(bundle, FrontCamera(world.geometry, camera).render(world.ego_pose,
-                                                                                      world.others()).image))
-        targets.append((case.gap_m, 1.0 / case.gap_m))
-    r2 = ridge_r2(np.asarray(feats), np.asarray(targets), ridge, held_out, seed)
-    test = len(feats) - int(round(len(feats) * (1.0 - held_out)))
-    return {"frames": len(feats), "held_out": test, "gap_r2": round(float(r2[0]), 3),
-            "inverse_gap_r2": round(float(r2[1]), 3)}
+    (gap, inverse), frames, test = vision_r2(bundle, (place(c, scenarios) for c in with_row),
+                                             [(c.gap_m, 1.0 / c.gap_m) for c in with_row], camera or CameraConfig(),
+                                             ridge, held_out, seed)
+    return {"frames": frames, "held_out": test, "gap_r2": gap, "inverse_gap_r2": inverse}

@@ -185,7 +185,7 @@ class World:
         do here under another command), while the ego is still on the approach they share with its own route, in
         the command window; empty otherwise (and on the highway and the merge, which have one route)."""
         r = self.route
-        return self._alternatives if r.command_from_m <= self.progress_m < r.junction_m else {}
+        return dict(self._alternatives) if r.command_from_m <= self.progress_m < r.junction_m else {}
 
     def _exit_directions(self, entry: LaneIndex, candidates: list[tuple[str, str]]) -> dict[str, str]:
         """Classify each exit (its first straight segment) as right / straight / left from the world headings."""
