@@ -24,6 +24,7 @@ from wamdiff_ros.format import (
     VISION_START,
     FORMAT_VERSION,
     FORMAT_VERSIONS,
+    LATERAL_BINS,
     WAYPOINT_GRAMMAR_START,
     WAYPOINT_GRAMMAR_STATES,
     Box,
@@ -41,6 +42,7 @@ from wamdiff_ros.format import (
     plan_prompt,
     reformat_waypoints,
     waypoint_grammar_complete,
+    lateral_range,
     waypoint_range,
     waypoint_text_version,
 )
@@ -85,12 +87,12 @@ def grid_boxes(draw: st.DrawFn) -> Box:
 
 
 @st.composite
-def mutated_answers(draw: st.DrawFn, base: st.SearchStrategy[str] = answers) -> str:
+def mutated_answers(draw: st.DrawFn, base: st.SearchStrategy[str] = answers, alphabet: str = GRAMMAR_ALPHABET) -> str:
     text = list(draw(base))
     for _ in range(draw(st.integers(0, 3))):
         i = draw(st.integers(0, len(text)))
         op = draw(st.sampled_from(["insert", "delete", "replace"]))
-        ch = draw(st.sampled_from(GRAMMAR_ALPHABET))
+        ch = draw(st.sampled_from(alphabet))
         if op == "insert":
             text.insert(i, ch)
         elif i < len(text):
@@ -571,7 +573,7 @@ def _accepts_v2(text: str) -> bool:
 
 
 def test_version_2_is_the_default_and_writes_fixed_width() -> None:
-    assert FORMAT_VERSION == 2 and FORMAT_VERSIONS == (1, 2)
+    assert FORMAT_VERSION == 2 and FORMAT_VERSIONS == (1, 2, 3)
     assert format_any(EXAMPLE) == format_any(EXAMPLE, version=2) == EXAMPLE_TEXT_V2
     assert all(len(n) == 6 for n in EXAMPLE_TEXT_V2.split(","))
     np.testing.assert_array_equal(parse_waypoints(EXAMPLE_TEXT_V2).waypoints, EXAMPLE.astype(np.float32))
@@ -648,7 +650,102 @@ def test_version_2_grammar_complete_iff_fixed_width_parse(text: str) -> None:
 
 
 def test_unknown_version_is_refused() -> None:
-    with pytest.raises(ValueError, match="format version 3"):
-        check_format_version(3)
+    with pytest.raises(ValueError, match="format version 4"):
+        check_format_version(4)
     with pytest.raises(ValueError, match="format version 0"):
         format_any(EXAMPLE, version=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Version 3: x as version 2, every y a sideways bin letter (a..i, e = 0) and its residual + 5 m
+
+EXAMPLE_TEXT_V3 = ("001.50,e05.00,003.25,e04.99,005.00,e04.90,007.12,e04.70,009.40,e04.45,011.00,e04.10,013.33,"
+                   "e03.80,015.00,e03.40")
+V3_ALPHABET = GRAMMAR_ALPHABET + LATERAL_BINS
+TURN = np.array([[1.41, -0.22], [3.06, -0.74], [4.93, -1.74], [6.51, -3.26], [7.61, -5.13], [8.26, -7.38],
+                 [8.67, -10.08], [9.07, -13.17]])
+TURN_TEXT_V3 = ("001.41,e04.78,003.06,e04.26,004.93,e03.26,006.51,e01.74,007.61,d09.87,008.26,d07.62,008.67,"
+                "d04.92,009.07,d01.83")
+
+
+def _accepts_v3(text: str) -> bool:
+    return waypoint_grammar_complete(grammar_run_any(WAYPOINT_GRAMMAR_START, text, version=3))
+
+
+def test_version_3_exact_text_and_parse() -> None:
+    assert format_any(EXAMPLE, version=3) == EXAMPLE_TEXT_V3
+    assert format_any(TURN, version=3) == TURN_TEXT_V3  # the turn's y leaves the straight road's bin e
+    assert all(len(n) == 6 for n in TURN_TEXT_V3.split(","))
+    for wp, text in ((EXAMPLE, EXAMPLE_TEXT_V3), (TURN, TURN_TEXT_V3)):
+        parsed = parse_waypoints(text + CHAT_END)
+        assert parsed.valid and waypoint_text_version(text) == 3 and _accepts_v3(text)
+        np.testing.assert_allclose(parsed.waypoints, wp, rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.0, "e05.00"), (-0.004, "e05.00"), (-13.17, "d01.83"), (4.999, "e10.00"), (5.0, "e10.00"),
+     (5.01, "f00.01"), (15.0, "g00.00"), (-15.0, "c10.00"), (44.0, "i09.00"), (45.0, "i10.00"), (-45.0, "a00.00"),
+     (-60.0, "a00.00"), (math.inf, "i10.00")],
+)
+def test_version_3_bins_round_and_clip(value: float, text: str) -> None:
+    wp = np.column_stack([np.full(NUM_WAYPOINTS, 12.5), np.full(NUM_WAYPOINTS, value)])
+    out = format_any(wp, version=3)
+    assert out == ",".join(["012.50", text] * NUM_WAYPOINTS)
+    assert _accepts_v3(out) and waypoint_text_version(out) == 3
+    low, high = lateral_range()
+    np.testing.assert_allclose(parse_waypoints(out).waypoints[:, 1], np.clip(value, low, high), atol=TOLERANCE)
+
+
+@given(arrays(np.float64, (NUM_WAYPOINTS, 2), elements=st.floats(-60.0, 999.0)))
+def test_version_3_round_trip_and_grammar(wp: np.ndarray) -> None:
+    text = format_any(wp, version=3)
+    assert waypoint_text_version(text) == 3 and _accepts_v3(text)
+    expected = np.column_stack([np.clip(wp[:, 0], *waypoint_range(3)), np.clip(wp[:, 1], *lateral_range())])
+    np.testing.assert_allclose(parse_waypoints(text).waypoints, expected, rtol=0, atol=TOLERANCE)
+
+
+def test_version_3_reformat_and_text_versions() -> None:
+    assert reformat_waypoints(EXAMPLE_TEXT_V2, 3) == EXAMPLE_TEXT_V3
+    assert reformat_waypoints(EXAMPLE_TEXT_V3, 2) == EXAMPLE_TEXT_V2
+    assert waypoint_text_version(EXAMPLE_TEXT_V2) == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [EXAMPLE_TEXT_V3.replace("e05.00", "005.00", 1),  # one y without its bin
+     EXAMPLE_TEXT_V3.replace("001.50", "e01.50", 1),  # a bin letter on an x
+     EXAMPLE_TEXT_V3.replace("e03.40", "j03.40"),  # no such bin
+     EXAMPLE_TEXT_V3.replace("001.50", "1.50", 1)],  # a free-width x
+)
+def test_version_3_parser_and_grammar_refuse_mixtures(text: str) -> None:
+    assert not parse_waypoints(text).valid or waypoint_text_version(text) != 3
+    assert not _accepts_v3(text)
+
+
+def test_version_3_grammar_every_prefix_alive_and_states_can_finish() -> None:
+    for i in range(len(TURN_TEXT_V3)):
+        state = grammar_run_any(WAYPOINT_GRAMMAR_START, TURN_TEXT_V3[:i], version=3)
+        assert state >= 0 and not waypoint_grammar_complete(state)
+    reached, frontier, edges = {WAYPOINT_GRAMMAR_START}, [WAYPOINT_GRAMMAR_START], {}
+    while frontier:
+        state = frontier.pop()
+        edges[state] = {n for ch in V3_ALPHABET if (n := grammar_step_any(state, ch, version=3)) >= 0}
+        for nxt in edges[state] - reached:
+            reached.add(nxt)
+            frontier.append(nxt)
+    finishing, changed = {WAYPOINT_GRAMMAR_STATES - 1}, True
+    while changed:
+        grown = {s for s in reached if edges[s] & finishing} | finishing
+        changed, finishing = grown != finishing, grown
+    assert finishing == reached
+
+
+binned_answers = arrays(np.float64, (NUM_WAYPOINTS, 2), elements=st.floats(-60.0, 999.0)).map(
+    lambda wp: format_any(wp, version=3))
+
+
+@given(st.one_of(st.text(alphabet=V3_ALPHABET, max_size=120), mutated_answers(binned_answers, V3_ALPHABET),
+                 mutated_answers(fixed_width_answers, V3_ALPHABET)))
+def test_version_3_grammar_complete_iff_binned_parse(text: str) -> None:
+    assert _accepts_v3(text) == (waypoint_text_version(text) == 3)

@@ -7,7 +7,11 @@ version 1 is the paper's free width (``2.26,-0.17``); version 2, what this packa
 number 3 integer places, zero-padded, a minus sign taking the first (``002.26,-00.17``, range -99.99..999.99).
 Fixed width gives each answer position one role (say "tenths of x4"), which a block of [MASK] tokens decoded in any
 order needs: a tiny model trained on free-width answers fills late positions with the digits of the wrong number
-(training/README.md, "Number width"). Prompts are the same in both versions.
+(training/README.md, "Number width"). Version 3 keeps version 2's x and writes each y as a sideways bin and a
+residual, in the same width: one letter ``a``..``i`` for the bin ``round(y / 10 m)`` (-4..4, ``e`` = 0), then the
+residual + 5 m with 2 integer places (``d01.83`` = -10 + 1.83 - 5 = -13.17 m; range -45..45 m). A turn's y then
+starts with a letter of its own, where in version 2 it shares a straight road's leading zeros (training/README.md,
+"Sideways bins"). Prompts are the same in every version.
 Boxes are written on a 0-1000 image grid (x right, y down) as ``label:x1,y1,x2,y2`` items joined by ``;``.
 """
 
@@ -21,11 +25,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 FORMAT_VERSION = 2  # what this package writes
-FORMAT_VERSIONS = (1, 2)  # what it reads and decodes
+FORMAT_VERSIONS = (1, 2, 3)  # what it reads and decodes
 NUM_WAYPOINTS = 8
 WAYPOINT_DT_S = 0.5
 WAYPOINT_DECIMALS = 2
 MAX_INT_DIGITS = 3  # |coordinate| < 1000 m
+LATERAL_BIN_M = 10.0  # version 3: the width of a sideways bin
+LATERAL_BINS = "abcdefghi"  # version 3: bins -4..4 (e = 0), one letter each
 BOX_GRID = 1000
 NO_BOXES = "none"
 
@@ -80,11 +86,33 @@ def _num(v: float) -> str:
     return "0.00" if text == "-0.00" else text
 
 
-def plan_prompt(command: Command, velocity: tuple[float, float], acceleration: tuple[float, float]) -> str:
-    """WAM-Diff2's NAVSIM planning prompt (user turn, before chat wrapping)."""
+ROUTE_AHEAD_M = (10.0, 30.0)  # where along the route the route points lie (metres ahead of the ego)
+_ROUTE_LINE = "The route passes "
+
+
+def route_line(points: np.ndarray) -> str:
+    """The optional route line of the plan prompt: the route lane's centre ``ROUTE_AHEAD_M`` ahead along the route,
+    ego frame, in version 2's width: ``The route passes (010.00,-00.77) and (029.24,-04.17)``."""
+    arr = np.asarray(points, dtype=np.float64)
+    if arr.shape != (len(ROUTE_AHEAD_M), 2) or not np.isfinite(arr).all():
+        raise ValueError(f"route points: expected {len(ROUTE_AHEAD_M)} finite (x, y) pairs, got {arr.tolist()!r}")
+    low, high = waypoint_range(2)
+    arr = np.clip(arr, low, high)
+    return _ROUTE_LINE + " and ".join(f"({_fixed(x)},{_fixed(y)})" for x, y in arr)
+
+
+def has_route_line(prompt: str) -> bool:
+    return _ROUTE_LINE in prompt
+
+
+def plan_prompt(command: Command, velocity: tuple[float, float], acceleration: tuple[float, float],
+                route: np.ndarray | None = None) -> str:
+    """WAM-Diff2's NAVSIM planning prompt (user turn, before chat wrapping). ``route``: the optional route points
+    (``route_line``), written after the navigation command; the paper's prompt has none."""
     return (
         _IMAGE_INTRO
         + f"The navigation information is: {Command(command).phrase}\n"
+        + ("" if route is None else route_line(route) + "\n")
         + "The current position is (0.00,0.00)\n"
         + f"The current velocity is: {_pair(*velocity)} and current accelerate is: {_pair(*acceleration)}\n"
         + _PLAN_INSTRUCTION
@@ -125,9 +153,29 @@ def check_format_version(version: int) -> int:
 
 
 def waypoint_range(version: int = FORMAT_VERSION) -> tuple[float, float]:
-    """The numbers a version can write; ``format_waypoints`` clips to it."""
+    """The numbers a version can write; ``format_waypoints`` clips to it (version 3's y: ``lateral_range``)."""
     top = 10.0**MAX_INT_DIGITS - 0.01
     return (-top if check_format_version(version) == 1 else -(10.0 ** (MAX_INT_DIGITS - 1) - 0.01)), top
+
+
+def lateral_range() -> tuple[float, float]:
+    """The y values version 3 can write: the outer bins' centres plus half a bin."""
+    half = len(LATERAL_BINS) // 2
+    return -LATERAL_BIN_M * (half + 0.5), LATERAL_BIN_M * (half + 0.5)
+
+
+def _lateral(v: float) -> str:
+    """Version 3's y: bin letter, then the residual + half a bin, ``DD.DD``."""
+    half = len(LATERAL_BINS) // 2
+    low, high = lateral_range()
+    v = min(max(float(v), low), high)
+    b = min(max(int(round(v / LATERAL_BIN_M)), -half), half)
+    r = min(max(v - LATERAL_BIN_M * b, -LATERAL_BIN_M / 2), LATERAL_BIN_M / 2) + LATERAL_BIN_M / 2
+    return LATERAL_BINS[b + half] + f"{r:0{MAX_INT_DIGITS + WAYPOINT_DECIMALS}.{WAYPOINT_DECIMALS}f}"
+
+
+def _lateral_value(text: str) -> float:
+    return LATERAL_BIN_M * (LATERAL_BINS.index(text[0]) - len(LATERAL_BINS) // 2) + float(text[1:]) - LATERAL_BIN_M / 2
 
 
 def _fixed(v: float) -> str:
@@ -143,6 +191,8 @@ def format_waypoints(waypoints: np.ndarray, version: int = FORMAT_VERSION) -> st
         raise ValueError("waypoints contain NaN")
     low, high = waypoint_range(version)
     arr = np.clip(np.asarray(waypoints, dtype=np.float64).reshape(NUM_WAYPOINTS, 2), low, high)
+    if version == 3:
+        return ",".join(f"{_fixed(x)},{_lateral(y)}" for x, y in arr)
     write = _num if version == 1 else _fixed
     return ",".join(write(v) for v in arr.reshape(-1))
 
@@ -154,11 +204,15 @@ def reformat_waypoints(text: str, version: int = FORMAT_VERSION) -> str | None:
 
 
 def waypoint_text_version(text: str) -> int | None:
-    """2 when every number of a valid answer has the fixed width, 1 when it parses otherwise, None when invalid."""
+    """3 when a valid answer writes its y as sideways bins (its x then have the fixed width), 2 when every number has
+    the fixed width, 1 when it parses otherwise, None when invalid."""
     parsed = parse_waypoints(text)
     if not parsed.valid:
         return None
-    return 2 if all(_FIXED_NUMBER.match(p.strip()) for p in _strip_answer(text).split(",")) else 1
+    parts = [p.strip() for p in _strip_answer(text).split(",")]
+    if _LATERAL_NUMBER.match(parts[1]):
+        return 3
+    return 2 if all(_FIXED_NUMBER.match(p) for p in parts) else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +250,7 @@ class BoxParse:
 _NUMBER = re.compile(r"^-?[0-9]{1,%d}\.[0-9]{%d}$" % (MAX_INT_DIGITS, WAYPOINT_DECIMALS))
 _FIXED_NUMBER = re.compile(r"^(?:-[0-9]{%d}|[0-9]{%d})\.[0-9]{%d}$"
                            % (MAX_INT_DIGITS - 1, MAX_INT_DIGITS, WAYPOINT_DECIMALS))
+_LATERAL_NUMBER = re.compile(r"^[%s][0-9]{%d}\.[0-9]{%d}$" % (LATERAL_BINS, MAX_INT_DIGITS - 1, WAYPOINT_DECIMALS))
 _BOX_ITEM = re.compile(r"^\s*([A-Za-z][\w \-]*)\s*:\s*(-?[0-9]+(?:\.[0-9]+)?)\s*,\s*(-?[0-9]+(?:\.[0-9]+)?)\s*,"
                        r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*,\s*(-?[0-9]+(?:\.[0-9]+)?)\s*$", re.ASCII)
 
@@ -207,7 +262,8 @@ def _strip_answer(text: str) -> str:
 
 
 def parse_waypoints(text: str) -> WaypointParse:
-    """Parse ``x1,y1,...,x8,y8``. Never raises; an invalid answer carries the reason."""
+    """Parse ``x1,y1,...,x8,y8`` in any version (version 3: every y a sideways bin). Never raises; an invalid answer
+    carries the reason."""
     zeros = np.zeros((NUM_WAYPOINTS, 2), dtype=np.float32)
     body = _strip_answer(text)
     if not body:
@@ -215,10 +271,17 @@ def parse_waypoints(text: str) -> WaypointParse:
     parts = [p.strip() for p in body.split(",")]
     if len(parts) != 2 * NUM_WAYPOINTS:
         return WaypointParse(zeros, False, f"expected {2 * NUM_WAYPOINTS} numbers, got {len(parts)}")
+    binned = bool(_LATERAL_NUMBER.match(parts[1]))  # version 3: every y a sideways bin, every x fixed width
     for i, part in enumerate(parts):
-        if not _NUMBER.match(part):
+        if binned and i % 2 == 1:
+            if not _LATERAL_NUMBER.match(part):
+                return WaypointParse(zeros, False, f"number {i + 1} {part[:20]!r} is not a sideways bin like d01.83")
+        elif binned and not _FIXED_NUMBER.match(part):
+            return WaypointParse(zeros, False, f"number {i + 1} {part[:20]!r} is not like -12.34 in fixed width")
+        elif not _NUMBER.match(part):
             return WaypointParse(zeros, False, f"number {i + 1} {part[:20]!r} is not like -12.34")
-    values = np.array([float(p) for p in parts], dtype=np.float32).reshape(NUM_WAYPOINTS, 2)
+    values = np.array([_lateral_value(p) if binned and i % 2 else float(p) for i, p in enumerate(parts)],
+                      dtype=np.float32).reshape(NUM_WAYPOINTS, 2)
     return WaypointParse(values, True, "")
 
 
@@ -252,7 +315,8 @@ def parse_text(text: str) -> str:
 # States: number k in [0, 16) times a position inside the number, then DONE (answer complete, EOS next).
 # Inside a number: 0 start, 1 after '-', 2..1+MAX_INT_DIGITS after that many integer digits, then '.', then
 # the decimals. Version 2 counts a leading '-' as an integer place (0 -> 2) and allows '.' only after all
-# MAX_INT_DIGITS places, so state 1 is unused there. The decoder lifts this to tokens; the parser above accepts
+# MAX_INT_DIGITS places, so state 1 is unused there. Version 3 writes x as version 2 and starts every y (odd k)
+# with a bin letter, which takes the first integer place as the minus sign does. The decoder lifts this to tokens; the parser above accepts
 # everything either version accepts.
 
 _SUB_START, _SUB_SIGN = 0, 1
@@ -270,7 +334,9 @@ def waypoint_grammar_step(state: int, char: str, version: int = FORMAT_VERSION) 
     k, sub = divmod(state, _SUB_STATES)
     base = k * _SUB_STATES
     digit = len(char) == 1 and "0" <= char <= "9"
-    fixed = check_format_version(version) == 2
+    fixed = check_format_version(version) >= 2
+    if version == 3 and k % 2 == 1 and sub == _SUB_START:
+        return base + 2 if len(char) == 1 and char in LATERAL_BINS else -1
     if sub == _SUB_START:
         if char == "-":
             return base + (2 if fixed else _SUB_SIGN)

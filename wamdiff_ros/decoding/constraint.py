@@ -23,7 +23,7 @@ import torch
 from wamdiff_ros import format as fmt
 from wamdiff_ros.errors import DecodeSettingsError
 
-_GRAMMAR_CHARS = frozenset("0123456789.,-")
+_GRAMMAR_CHARS = frozenset("0123456789.,-" + fmt.LATERAL_BINS)
 _MASKED = -1
 _FORBIDDEN = -2
 
