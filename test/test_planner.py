@@ -120,3 +120,11 @@ def test_waypoint_confidence_is_min_over_each_waypoints_tokens():
     out = waypoint_confidence(texts, conf)
     assert out[0] == pytest.approx(0.3) and out[1] == pytest.approx(0.9) and out[2] == pytest.approx(0.5)
     assert out[7] == pytest.approx(0.5)
+
+
+def test_waypoint_confidence_counts_version_3_bin_letters():
+    texts = list("001.00,e05.00") + [",000.00,e05.00"] * 7 + ["<|im_end|>"]
+    conf = [0.9] * 13 + [0.5] * 7 + [0.1]
+    conf[7] = 0.2  # the bin letter of waypoint 1's y
+    out = waypoint_confidence(texts, conf)
+    assert out[0] == pytest.approx(0.2) and out[1] == pytest.approx(0.5) and out[7] == pytest.approx(0.5)

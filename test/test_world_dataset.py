@@ -355,3 +355,26 @@ def test_counterfactual_commands_label_the_approach_under_every_other_command(tm
     # the highway has one route: nothing extra
     highway = rollout(SET.get("highway"), 0, replace(base, counterfactual_commands=True, max_seconds=3.0), SET)
     assert not any(f.counterfactuals for f in highway.frames)
+
+
+def test_format_version_3_exports_write_sideways_bins_with_the_same_values(tmp_path):
+    folders = {}
+    for version in (2, 3):
+        folders[version] = tmp_path / f"v{version}"
+        assert main(["generate", "--scenarios", "intersection", "--episodes", "1", "--max-seconds", "4",
+                     "--questions", "0", "--noise-fraction", "0", "--counterfactual-commands", "--format-version",
+                     str(version), "--out", str(folders[version]), "--preview", "0", "--no-progress"]) == 0
+    plans = {v: [s for s in json.loads((f / "train.json").read_text()) if s["task"] == "plan"]
+             for v, f in folders.items()}
+    assert len(plans[2]) == len(plans[3]) > 0
+    assert json.loads((folders[3] / "manifest.json").read_text())["format_version"] == 3
+    for a, b in zip(plans[2], plans[3]):
+        assert a["id"] == b["id"] and a["conversations"][0] == b["conversations"][0]
+        v2, v3 = (s["conversations"][1]["value"] for s in (a, b))
+        assert fmt.waypoint_text_version(v2) == 2 and fmt.waypoint_text_version(v3) == 3
+        np.testing.assert_allclose(fmt.parse_waypoints(v3).waypoints, fmt.parse_waypoints(v2).waypoints, atol=0.011)
+    out = tmp_path / "rec"
+    assert main(["recoveries", "--scenarios", "highway", "--samples", "2", "--format-version", "3", "--out", str(out),
+                 "--no-progress", "--preview", "0"]) == 0
+    samples = json.loads((out / "train.json").read_text())
+    assert samples and all(fmt.waypoint_text_version(s["conversations"][1]["value"]) == 3 for s in samples)

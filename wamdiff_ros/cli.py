@@ -48,6 +48,9 @@ def _plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--velocity", type=float, nargs=2, default=(5.0, 0.0), metavar=("VX", "VY"))
     p.add_argument("--acceleration", type=float, nargs=2, default=(0.0, 0.0), metavar=("AX", "AY"))
     p.add_argument("--command", default="follow", choices=[c.value for c in fmt.Command])
+    p.add_argument("--route", type=float, nargs=4, default=None, metavar=("X1", "Y1", "X2", "Y2"),
+                   help="optional route points (m, ego frame): the route lane's centre 10 m and 30 m ahead, for a "
+                        "model trained with them (wamdiff.json route_points)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--draw", default=None, metavar="OUT.png", help="write a PNG with the waypoints drawn")
     return p
@@ -75,7 +78,8 @@ def plan_main(argv: list[str] | None = None) -> int:
             threshold=args.threshold, schedule=args.schedule, constrain=not args.no_constraint,
         )
         image = load_rgb(args.image or sample_image_path())
-        plan = planner.plan(image, EgoState(tuple(args.velocity), tuple(args.acceleration)), args.command)
+        route = None if args.route is None else np.reshape(args.route, (2, 2))
+        plan = planner.plan(image, EgoState(tuple(args.velocity), tuple(args.acceleration)), args.command, route=route)
     except (WamDiffError, OSError) as exc:
         print(f"wamdiff-plan: error: {exc}", file=sys.stderr)
         return 2

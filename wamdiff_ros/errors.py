@@ -33,6 +33,10 @@ class CommandError(InputError):
     pass
 
 
+class RouteError(InputError):
+    pass
+
+
 class DecodeSettingsError(WamDiffError, ValueError):
     """Decode settings (block size, steps, threshold, schedule) are out of range."""
 

@@ -51,6 +51,7 @@ class DecodeMeta:
     prompt_attention: str = "block_causal"  # the prompt is prefilled in trained_block_size chunks
     format_version: int = fmt.FORMAT_VERSION
     mask_token: str = DEFAULT_MASK_TOKEN
+    route_points: bool = False  # trained with the optional route line in its plan prompts (fmt.route_line)
 
     def __post_init__(self) -> None:
         if self.prediction not in PREDICTIONS:
@@ -63,6 +64,8 @@ class DecodeMeta:
             raise CheckpointError(f"{META_FILE}: trained_block_size {self.trained_block_size} must be >= 1")
         if self.prediction == "next_token" and self.trained_block_size != 1:
             raise CheckpointError(f"{META_FILE}: a next_token (AR) checkpoint has trained_block_size 1")
+        if not isinstance(self.route_points, bool):
+            raise CheckpointError(f"{META_FILE}: route_points {self.route_points!r} must be true or false")
         if self.format_version not in fmt.FORMAT_VERSIONS:
             raise CheckpointError(
                 f"{META_FILE}: format_version {self.format_version} is not one this package reads "

@@ -13,7 +13,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.constraint import WaypointConstraint
 from wamdiff_ros.decoding.generate import Generation, generate
 from wamdiff_ros.decoding.settings import DecodeSettings
-from wamdiff_ros.errors import CommandError, EgoStateError, ImageError, InputError
+from wamdiff_ros.errors import CommandError, EgoStateError, ImageError, InputError, RouteError
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.model import ModelBundle, load
 from wamdiff_ros.model_names import DEFAULT_MODEL
@@ -101,16 +101,35 @@ def check_command(command: object) -> fmt.Command:
     raise CommandError("command", f"unknown navigation command {command!r}; expected one of {choices}")
 
 
+def check_route(route: object) -> np.ndarray | None:
+    """The optional route points: None, or ``len(fmt.ROUTE_AHEAD_M)`` finite (x, y) points in metres, ego frame (the
+    route lane's centre ``fmt.ROUTE_AHEAD_M`` ahead along the route), as a float64 (2, 2) array."""
+    if route is None:
+        return None
+    expected = f"{len(fmt.ROUTE_AHEAD_M)} (x, y) points in metres (the route {fmt.ROUTE_AHEAD_M} m ahead, ego frame)"
+    try:
+        arr = np.asarray(route, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise RouteError("route", f"expected {expected}, got {route!r}") from None
+    if arr.shape != (len(fmt.ROUTE_AHEAD_M), 2):
+        raise RouteError("route", f"expected {expected}, shape ({len(fmt.ROUTE_AHEAD_M)}, 2); got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise RouteError("route", f"values must be finite, got {arr.tolist()}")
+    return arr
+
+
 def waypoint_confidence(token_texts: list[str], confidence: list[float]) -> np.ndarray:
     """Per waypoint: the minimum confidence over the tokens that write its two numbers."""
     out = np.ones(fmt.NUM_WAYPOINTS, dtype=np.float32)
-    number = 0
+    number, first = 0, True
     for text, conf in zip(token_texts, confidence):
         for ch in text:
             if ch == ",":
-                number += 1
-            elif number < 2 * fmt.NUM_WAYPOINTS and ch in "0123456789.-":
+                number, first = number + 1, True
+            elif number < 2 * fmt.NUM_WAYPOINTS and (
+                    ch in "0123456789.-" or (first and number % 2 == 1 and ch in fmt.LATERAL_BINS)):  # v3's y bin
                 out[number // 2] = min(out[number // 2], conf)
+                first = False
     return out
 
 
@@ -173,11 +192,21 @@ class Planner:
             decode_s=generation.decode_s,
         )
 
-    def plan(self, image: np.ndarray, ego: EgoState, command: fmt.Command | str) -> Plan:
+    @property
+    def wants_route_points(self) -> bool:
+        """Whether the checkpoint was trained with the route line in its plan prompts (``DecodeMeta.route_points``):
+        then give ``plan`` its ``route``."""
+        return bool(self.bundle.meta.route_points)
+
+    def plan(self, image: np.ndarray, ego: EgoState, command: fmt.Command | str,
+             route: np.ndarray | None = None) -> Plan:
+        """``route``: the optional route points, (2, 2) ego frame (``fmt.route_line``; ``World.route_points`` in the
+        CPU world), for a checkpoint that wants them (``wants_route_points``); None: the paper's prompt."""
         image = check_image(image)
         ego = check_ego(ego)
         command = check_command(command)
-        prompt = fmt.plan_prompt(command, ego.velocity, ego.acceleration)
+        route = check_route(route)
+        prompt = fmt.plan_prompt(command, ego.velocity, ego.acceleration, route)
         text, generation = self._run(prompt, image, self._constraint)
         parsed = fmt.parse_waypoints(text)
         texts = self.bundle.tokenizer.batch_decode([[t] for t in generation.result.tokens])

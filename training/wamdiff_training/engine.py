@@ -16,7 +16,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -28,10 +28,11 @@ import torch.distributed as dist
 import yaml
 from torch import nn
 
+from wamdiff_ros import format as fmt
 from wamdiff_ros.model import DecodeMeta, ModelBundle, load_checkpoint, tiny_random
 from wamdiff_training import checkpoint
 from wamdiff_training.config import Config, ConfigError
-from wamdiff_training.data import Sample, SampleDataset, answer_format_version, load_records, mix_group
+from wamdiff_training.data import Record, Sample, SampleDataset, answer_format_version, load_records, mix_group
 from wamdiff_training.metrics_log import MetricsLog
 from wamdiff_training.sampling import TaskMix, TaskMixSampler
 
@@ -247,6 +248,7 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
     records = load_records(config.data.train, config.data.root, config.data.turns)[: config.data.limit]
     dataset = SampleDataset(records, bundle, config.data.cache_size)
     data_format = answer_format_version(records)  # the width the model learns, saved with every checkpoint
+    data_route = route_points_in(records)  # whether its plan prompts carry the route line, saved likewise
     weights = config.data.task_weights
     sampler = TaskMixSampler([mix_group(r, weights) for r in records], TaskMix(weights), t.batch_size * t.grad_accum,
                              seed=t.seed, rank=ctx.rank, world_size=ctx.world_size, epoch_size=config.data.epoch_size)
@@ -299,7 +301,8 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
             spe = sampler.steps_per_epoch  # the trainer's own count, whatever the iterator fetched ahead
             position = {**sampler.state_dict(), "epoch": done // spe, "position": done % spe}
             saved = checkpoint.save(out.dir, done, module=runner, optimizer=optimizer, scheduler=scheduler,
-                                    sampler_state=position, bundle=bundle, meta=_meta(stage, bundle, data_format),
+                                    sampler_state=position, bundle=bundle,
+                                    meta=_meta(stage, bundle, data_format, data_route),
                                     fingerprint=config.fingerprint(), stage=stage_name, keep=out.keep) or saved
         if stop_after is not None and done >= stop_after:
             metrics_log.close()
@@ -312,10 +315,20 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
     return TrainResult(t.steps, losses, saved, rate, rate * global_batch)
 
 
-def _meta(stage: Stage, bundle: ModelBundle, data_format: int | None) -> DecodeMeta:
-    """The stage's decode metadata, with the waypoint format of the data it trained on (when it had plans)."""
+def route_points_in(records: Sequence[Record]) -> bool | None:
+    """Whether the plan prompts carry the optional route line (``fmt.route_line``; ``wamdiff-data generate
+    --route-points``): True when any does, None without plan records. A checkpoint records it
+    (``DecodeMeta.route_points``) so the planner and the evaluator give the model its route points."""
+    plans = [r for r in records if r.task == "plan"]
+    return None if not plans else any(fmt.has_route_line(r.user) for r in plans)
+
+
+def _meta(stage: Stage, bundle: ModelBundle, data_format: int | None, data_route: bool | None = None) -> DecodeMeta:
+    """The stage's decode metadata, with the waypoint format of the data it trained on and whether its plan prompts
+    carried the route line (each when it had plans)."""
     meta = stage.decode_meta(bundle.meta)
-    return meta if data_format is None else dataclasses.replace(meta, format_version=data_format)
+    meta = meta if data_format is None else dataclasses.replace(meta, format_version=data_format)
+    return meta if data_route is None else dataclasses.replace(meta, route_points=data_route)
 
 
 def _progress(enabled: bool, start: int, total: int):

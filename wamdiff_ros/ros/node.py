@@ -152,6 +152,9 @@ class PlannerNode(LifecycleNode):
         except (WamDiffError, OSError, ValueError) as exc:
             self._fail(f"model not loaded: {exc}")
             return TransitionCallbackReturn.FAILURE
+        if self.planner.wants_route_points:
+            self.get_logger().warning("the model was trained with route points in its prompt; this node has no route "
+                                      "input yet, so it plans without them")
         out = self.create_lifecycle_publisher
         self._path_pub = out(Path, "~/output/path", 10)
         self._plan_pub = out(PlannerOutput, "~/output/plan", 10)

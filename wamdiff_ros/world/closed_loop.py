@@ -99,7 +99,9 @@ class ConstantVelocityPlanner:
 
 
 class ModelPlanner:
-    """The package's ``Planner`` on the rendered front camera, ego velocity / acceleration and the route command."""
+    """The package's ``Planner`` on the rendered front camera, ego velocity / acceleration and the route command; for
+    a checkpoint trained with the optional route line (``Planner.wants_route_points``) also the route points of the
+    command's route (``World.route_points``), computed at each plan. Other checkpoints get the paper's prompt."""
 
     needs_camera = True
 
@@ -107,12 +109,25 @@ class ModelPlanner:
         from wamdiff_ros.planner import EgoState  # torch only where a model runs
 
         self._planner, self._ego_state, self.name = planner, EgoState, name
+        self.route_points = bool(getattr(planner, "wants_route_points", False))
 
     def reset(self, world: World) -> None:
         pass
 
+    @staticmethod
+    def route(obs: Observation) -> np.ndarray:
+        """The route points of the observation's command: the world's own route's, or under another command (a probe
+        asking for one) that command's alternative route's while the world offers it."""
+        world = obs.world
+        other = world.alternative_routes().get(obs.command) if obs.command != world.command else None
+        return world.route_points(other)
+
     def plan(self, obs: Observation) -> PlanResult:
-        p = self._planner.plan(obs.frame.image, self._ego_state(obs.ego_velocity, obs.ego_acceleration), obs.command)
+        ego = self._ego_state(obs.ego_velocity, obs.ego_acceleration)
+        if self.route_points:
+            p = self._planner.plan(obs.frame.image, ego, obs.command, route=self.route(obs))
+        else:
+            p = self._planner.plan(obs.frame.image, ego, obs.command)
         return PlanResult(p.waypoints, bool(p.valid), p.stats.forward_calls, p.stats.new_tokens, p.boxes)
 
 

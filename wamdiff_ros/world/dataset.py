@@ -8,6 +8,9 @@ a plan, a detect and a few ask samples), ``images/<split>/<scenario>_<seed>_<fra
 data: a trained model drives part of each episode (``--expert-share``) and the expert labels every frame.
 ``wamdiff-data recoveries`` writes single plan frames with the ego placed off its lane centre
 (``wamdiff_ros.world.recoveries``) in the same layout; their ``meta.recovery`` holds the placement.
+``--route-points`` (either action; off by default) writes the optional route line (``fmt.route_line`` of
+``World.route_points``: not in the paper's prompt) into every plan prompt, a counterfactual record's from its own
+command's route, and keeps the floats in ``meta.route_points``.
 """
 
 from __future__ import annotations
@@ -50,8 +53,10 @@ def image_path(split: str, frame: Frame) -> str:
     return f"images/{split}/{frame.scenario}_{frame.seed}_{frame.index:04d}.png"
 
 
-def records(frame: Frame, split: str, kind: str, perturbed_episode: bool) -> list[dict]:
-    """The samples of one frame: plan, detect, then its questions; all share the image."""
+def records(frame: Frame, split: str, kind: str, perturbed_episode: bool,
+            format_version: int = fmt.FORMAT_VERSION) -> list[dict]:
+    """The samples of one frame: plan, detect, then its questions; all share the image. Plan answers are written in
+    ``format_version`` (``wamdiff_ros.format``)."""
     p = frame.perturbation
     meta = {
         "scenario": frame.scenario, "kind": kind, "seed": frame.seed, "frame": frame.index, "t": frame.t,
@@ -68,11 +73,22 @@ def records(frame: Frame, split: str, kind: str, perturbed_episode: bool) -> lis
                 "conversations": [{"from": "human", "value": user}, {"from": "gpt", "value": answer}],
                 "task": task, "meta": {**meta, **extra}}
 
-    out = [sample("plan", fmt.plan_prompt(frame.command, frame.velocity, frame.acceleration),
-                  fmt.format_waypoints(frame.waypoints)),
+    def route(command: fmt.Command) -> dict:
+        """The route points of ``command``'s route, when the frame has them: the prompt's route line, and in the
+        meta the raw floats it was written from."""
+        points = frame.route_points.get(command)
+        return {} if points is None else {"route_points": np.asarray(points, dtype=np.float64).tolist()}
+
+    def plan_prompt(command: fmt.Command) -> str:
+        return fmt.plan_prompt(command, frame.velocity, frame.acceleration, frame.route_points.get(command))
+
+    def answer(waypoints: np.ndarray) -> str:
+        return fmt.format_waypoints(waypoints, format_version)
+
+    out = [sample("plan", plan_prompt(frame.command), answer(frame.waypoints), **route(frame.command)),
            sample("detect", fmt.detect_prompt(), fmt.format_boxes([lb.box for lb in frame.boxes]))]
-    out += [sample("plan", fmt.plan_prompt(command, frame.velocity, frame.acceleration), fmt.format_waypoints(wp),
-                   f"_cf_{command.value}", command=command.value, expert=reason, counterfactual=True)
+    out += [sample("plan", plan_prompt(command), answer(wp), f"_cf_{command.value}",
+                   command=command.value, expert=reason, counterfactual=True, **route(command))
             for command, wp, reason in frame.counterfactuals]
     out += [sample("ask", fmt.ask_prompt(q), a, f"_{key}", question=key) for key, q, a in frame.questions]
     return out
@@ -89,6 +105,8 @@ class _Job:
     scenarios: ScenarioSet
     out: str
     driver: str | None = None  # model folder for DAgger rollouts
+    route_points: bool = False  # recovery frames: the prompt's route line (rollouts: RolloutConfig.route_points)
+    format_version: int = fmt.FORMAT_VERSION  # the plan answers' waypoint format
 
 
 class PlannerDriver:
@@ -98,9 +116,10 @@ class PlannerDriver:
         from wamdiff_ros.planner import EgoState, Planner  # torch only when a model drives
 
         self._planner, self._ego = Planner.from_pretrained(model), EgoState
+        self.wants_route_points = self._planner.wants_route_points  # rollout then passes route=
 
-    def __call__(self, image, velocity, acceleration, command):
-        plan = self._planner.plan(image, self._ego(velocity, acceleration), command)
+    def __call__(self, image, velocity, acceleration, command, route=None):
+        plan = self._planner.plan(image, self._ego(velocity, acceleration), command, route=route)
         return plan.waypoints if plan.valid else None
 
 
@@ -122,7 +141,7 @@ def _export_episode(job: _Job) -> tuple[list[dict], dict]:
     for frame in ep.frames:
         path = Path(job.out) / image_path(job.split, frame)
         Image.fromarray(frame.image, "RGB").save(path, format="PNG")
-        out += records(frame, job.split, job.spec.kind, ep.perturbed)
+        out += records(frame, job.split, job.spec.kind, ep.perturbed, job.format_version)
     entry = {"scenario": ep.scenario, "seed": ep.seed, "frames": len(ep.frames), "sim_s": ep.sim_s,
              "end_reason": ep.end_reason, "perturbed": ep.perturbed,
              "model_driven_frames": sum(f.driver == "model" for f in ep.frames),
@@ -148,7 +167,8 @@ def _single_threaded_children():
 
 def generate_split(out: Path, specs: list[ScenarioSpec], episodes: int, split: str, config: RolloutConfig,
                    scenarios: ScenarioSet, seed_offset: int = 0, workers: int = 1,
-                   progress: bool = True, driver: str | None = None) -> tuple[list[dict], list[dict]]:
+                   progress: bool = True, driver: str | None = None,
+                   format_version: int = fmt.FORMAT_VERSION) -> tuple[list[dict], list[dict]]:
     """Episodes ``seed_offset .. seed_offset + episodes - 1`` of ``split`` for every scenario: writes the images and
     returns (samples, episode entries), ordered by scenario, seed, frame, task whatever the worker count."""
     if split not in SPLIT_SEED_BASE:
@@ -157,7 +177,8 @@ def generate_split(out: Path, specs: list[ScenarioSpec], episodes: int, split: s
         raise DatasetError(f"seed offset + episodes must lie in [0, {SEEDS_PER_SPLIT}] so splits never share a seed")
     (out / "images" / split).mkdir(parents=True, exist_ok=True)
     base = SPLIT_SEED_BASE[split] + seed_offset
-    jobs = [_Job(s, base + i, split, config, scenarios, str(out), driver) for s in specs for i in range(episodes)]
+    jobs = [_Job(s, base + i, split, config, scenarios, str(out), driver, format_version=format_version)
+            for s in specs for i in range(episodes)]
     results = _run_jobs(_export_episode, jobs, workers, tqdm(total=len(jobs), desc=f"{split} episodes", unit="ep",
                                                              disable=not progress))
     return [s for samples, _ in results for s in samples], [entry for _, entry in results]
@@ -182,24 +203,27 @@ def _run_jobs(fn, jobs: list, workers: int, bar: tqdm) -> list:
 
 def _export_recovery(job: _Job) -> dict | None:
     """One recovery frame: writes its image, returns its plan sample (None: no placement kept clear of traffic)."""
-    made = recovery_frame(job.spec, job.seed, job.scenarios, job.config)
+    made = recovery_frame(job.spec, job.seed, job.scenarios, job.config, route_points=job.route_points)
     if made is None:
         return None
     frame, placement = made
     Image.fromarray(frame.image, "RGB").save(Path(job.out) / image_path(job.split, frame), format="PNG")
-    sample = records(frame, job.split, job.spec.kind, False)[0]
+    sample = records(frame, job.split, job.spec.kind, False, job.format_version)[0]
     sample["meta"]["recovery"] = asdict(placement)
     return sample
 
 
 def generate_recoveries(out: Path, specs: list[ScenarioSpec], samples: int, split: str, config: RecoveryConfig,
                         scenarios: ScenarioSet, seed_offset: int = 0, workers: int = 1,
-                        progress: bool = True) -> tuple[list[dict], int]:
+                        progress: bool = True, route_points: bool = False,
+                        format_version: int = fmt.FORMAT_VERSION) -> tuple[list[dict], int]:
     """Recovery worlds ``seed_offset .. seed_offset + samples - 1`` of ``split`` for every scenario: writes the images
-    and returns (plan samples ordered by scenario and seed, worlds skipped for want of a clear placement)."""
+    and returns (plan samples ordered by scenario and seed, worlds skipped for want of a clear placement).
+    ``route_points``: the plan prompts carry the route line (``World.route_points``)."""
     seeds = [recovery_seed(split, seed_offset, k) for k in (0, samples - 1)]  # checks the whole range
     (out / "images" / split).mkdir(parents=True, exist_ok=True)
-    jobs = [_Job(s, seeds[0] + k, split, config, scenarios, str(out)) for s in specs for k in range(samples)]
+    jobs = [_Job(s, seeds[0] + k, split, config, scenarios, str(out), route_points=route_points,
+                 format_version=format_version) for s in specs for k in range(samples)]
     results = _run_jobs(_export_recovery, jobs, workers, tqdm(total=len(jobs), desc=f"{split} recoveries",
                                                               unit="frame", disable=not progress))
     return [r for r in results if r is not None], sum(r is None for r in results)
@@ -272,6 +296,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--counterfactual-commands", action="store_true",
                    help="junction scenarios: also label each approach frame with the expert's plan under every "
                         "other command (extra plan samples on the same image, meta.counterfactual)")
+    g.add_argument("--format-version", type=int, default=fmt.FORMAT_VERSION, choices=fmt.FORMAT_VERSIONS,
+                   help="the plan answers' waypoint format (wamdiff_ros.format; default: %(default)s; 3: y as "
+                        "sideways bins)")
+    g.add_argument("--route-points", action="store_true",
+                   help="write the optional route line (the route lane's centre 10 m and 30 m ahead, ego frame; not "
+                        "in the paper's prompt) into every plan prompt, a counterfactual's of its own command's "
+                        "route; meta.route_points keeps the floats")
     g.add_argument("--max-seconds", type=float, default=None, help="cut each episode after this sim time")
     g.add_argument("--workers", type=int, default=1)
     g.add_argument("--out", type=Path, required=True)
@@ -289,6 +320,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="largest sideways offset from the lane centre, m (default: %(default)s)")
     c.add_argument("--max-heading", type=float, default=MAX_HEADING_RAD,
                    help="largest heading error, rad (default: %(default)s)")
+    c.add_argument("--format-version", type=int, default=fmt.FORMAT_VERSION, choices=fmt.FORMAT_VERSIONS,
+                   help="the plan answers' waypoint format (wamdiff_ros.format; default: %(default)s; 3: y as "
+                        "sideways bins)")
+    c.add_argument("--route-points", action="store_true",
+                   help="write the optional route line into every plan prompt, as `generate --route-points` does")
     c.add_argument("--workers", type=int, default=1)
     c.add_argument("--out", type=Path, required=True)
     c.add_argument("--preview", type=int, default=16, help="samples in preview.png (0: none)")
@@ -359,7 +395,7 @@ def generate(args: argparse.Namespace, argv: list[str]) -> None:
     _check(args, splits)
     config = RolloutConfig(args.sample_period, NoiseConfig(fraction=args.noise_fraction), args.questions,
                            args.max_seconds, expert_share=args.expert_share,
-                           counterfactual_commands=args.counterfactual_commands)
+                           counterfactual_commands=args.counterfactual_commands, route_points=args.route_points)
     if args.driver is not None and not Path(args.driver).is_dir():
         raise DatasetError(f"--driver {args.driver}: not a model folder")
     sample_steps(config.sample_period_s, 1.0 / scenarios.sim_hz, "--sample-period")
@@ -369,11 +405,11 @@ def generate(args: argparse.Namespace, argv: list[str]) -> None:
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     manifest.update({
         "generator": "wamdiff_ros.world.dataset", "generator_version": DATASET_VERSION,
-        "format_version": fmt.FORMAT_VERSION,
+        "format_version": args.format_version,
         "scenario_set": {"version": scenarios.version, "source": scenarios.source},
         "camera": asdict(config.camera), "split_seed_base": SPLIT_SEED_BASE, "questions": questions.QUESTIONS,
         "noise": asdict(config.noise), "replan_hz": REPLAN_HZ,
-        "counterfactual_commands": config.counterfactual_commands,
+        "counterfactual_commands": config.counterfactual_commands, "route_points": config.route_points,
         "dagger": None if args.driver is None else {"driver": str(args.driver), "expert_share": args.expert_share},
     })
     manifest.setdefault("splits", {})
@@ -382,7 +418,7 @@ def generate(args: argparse.Namespace, argv: list[str]) -> None:
         (out / f"{split}.json").unlink(missing_ok=True)
         shutil.rmtree(out / "images" / split, ignore_errors=True)
         samples, episodes = generate_split(out, specs, args.episodes, split, config, scenarios, args.seed_offset,
-                                           args.workers, not args.no_progress, args.driver)
+                                           args.workers, not args.no_progress, args.driver, args.format_version)
         (out / f"{split}.json").write_text(json.dumps(samples, indent=1))
         base = SPLIT_SEED_BASE[split] + args.seed_offset
         manifest["splits"][split] = {
@@ -419,14 +455,15 @@ def recoveries(args: argparse.Namespace, argv: list[str]) -> None:
     (out / f"{args.split}.json").unlink(missing_ok=True)
     shutil.rmtree(out / "images" / args.split, ignore_errors=True)
     samples, skipped = generate_recoveries(out, specs, args.samples, args.split, config, scenarios,
-                                           args.seed_offset, args.workers, not args.no_progress)
+                                           args.seed_offset, args.workers, not args.no_progress, args.route_points,
+                                           args.format_version)
     (out / f"{args.split}.json").write_text(json.dumps(samples, indent=1))
     manifest_path = out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     manifest.update({"generator": "wamdiff_ros.world.dataset", "generator_version": DATASET_VERSION,
-                     "format_version": fmt.FORMAT_VERSION,
+                     "format_version": args.format_version,
                      "scenario_set": {"version": scenarios.version, "source": scenarios.source},
-                     "camera": asdict(CameraConfig()), "recovery": asdict(config)})
+                     "camera": asdict(CameraConfig()), "recovery": asdict(config), "route_points": args.route_points})
     first = recovery_seed(args.split, args.seed_offset, 0)
     manifest.setdefault("splits", {})[args.split] = {
         "command_line": ["wamdiff-data", *argv], "scenarios": [s.name for s in specs],

@@ -73,6 +73,9 @@ class RolloutConfig:
     # junction scenarios: also label each approach frame with the expert's plan under every other command (the same
     # image; only the command and the plan differ), so a model cannot fit the turns without reading the command
     counterfactual_commands: bool = False
+    # the plan prompts' optional route points (``World.route_points``; not in the paper's prompt): each frame keeps
+    # those of its own route and of each counterfactual command's route
+    route_points: bool = False
 
     def __post_init__(self) -> None:
         checks = {"sample_period_s": self.sample_period_s > 0, "noise.fraction": 0 <= self.noise.fraction <= 1,
@@ -108,13 +111,26 @@ class Frame:
     driver: str = "expert"  # who drives from this frame to the next: "expert" or "model" (DAgger)
     # (command, the expert's waypoints under it, its reason) for the other commands (RolloutConfig)
     counterfactuals: list[tuple[fmt.Command, np.ndarray, str]] = field(default_factory=list)
+    # command -> the route points (2, 2) of its route (``World.route_points``) for the frame's own command and each
+    # counterfactual one (RolloutConfig.route_points); empty: the paper's prompt, without the route line
+    route_points: dict[fmt.Command, np.ndarray] = field(default_factory=dict)
 
 
 class Driver(Protocol):
-    """A trained policy for DAgger rollouts: its plan (8, 2) in the ego frame, or None when it has none."""
+    """A trained policy for DAgger rollouts: its plan (8, 2) in the ego frame, or None when it has none. A driver
+    with a true ``wants_route_points`` attribute is also given ``route=`` (``World.route_points``)."""
 
     def __call__(self, image: np.ndarray, velocity: tuple[float, float], acceleration: tuple[float, float],
                  command: fmt.Command) -> np.ndarray | None: ...
+
+
+def frame_route_points(world: World, counterfactual: bool) -> dict[fmt.Command, np.ndarray]:
+    """The route points of the world's own command and, with ``counterfactual``, of each command of
+    ``World.alternative_routes`` (the commands ``counterfactual_plans`` labels)."""
+    out = {world.command: world.route_points()}
+    if counterfactual:
+        out.update((command, world.route_points(route)) for command, route in world.alternative_routes().items())
+    return out
 
 
 @dataclass(slots=True)
@@ -193,7 +209,8 @@ def rollout(spec: ScenarioSpec, seed: int, config: RolloutConfig = RolloutConfig
             shot = camera.render(world.ego_pose, world.others())
             velocity, acceleration = world.ego_velocity(), world.ego_acceleration()
             if driving == "model":
-                own = driver(shot.image, velocity, acceleration, world.command)
+                route = {"route": world.route_points()} if getattr(driver, "wants_route_points", False) else {}
+                own = driver(shot.image, velocity, acceleration, world.command, **route)
                 # a driver without a plan keeps following its previous one, as the node does
                 if own is not None or active is None:
                     active = TrackedPlan(np.asarray(plan.waypoints if own is None else own), world.ego_pose, world.t)
@@ -203,7 +220,9 @@ def rollout(spec: ScenarioSpec, seed: int, config: RolloutConfig = RolloutConfig
                 questions.ask(world, ask_rng, config.questions_per_frame), noise, plan.reason, len(world.events),
                 driver=driving, counterfactuals=[] if not config.counterfactual_commands else [
                     (command, np.asarray(other.waypoints), other.reason)
-                    for command, other in counterfactual_plans(world).items()]))
+                    for command, other in counterfactual_plans(world).items()],
+                route_points={} if not config.route_points else frame_route_points(
+                    world, config.counterfactual_commands)))
             frame_steps.append(step)
         acceleration, steer = actuator(follower.step(active, world.ego_pose, world.ego_speed, world.t))
         if noise is not None:

@@ -63,13 +63,7 @@ class Expert:
     # ------------------------------------------------------------------------------------------------------- paths
     def _lane_sequence(self, lane_id: int) -> list[AbstractLane]:
         """Lanes along the route from the ego's segment, starting on ``lane_id`` and continuing geometrically."""
-        net, r, k = self.w.road.network, self.w.route, self.w._k
-        a, b = r.segments[k]
-        lanes = [net.graph[a][b][min(lane_id, len(net.graph[a][b]) - 1)]]
-        for a, b in r.segments[k + 1:]:
-            end = lanes[-1].position(lanes[-1].length, 0.0)
-            lanes.append(min(net.graph[a][b], key=lambda ln: np.linalg.norm(ln.position(0.0, 0.0) - end)))
-        return lanes
+        return self.w.route.lane_sequence(self.w._k, lane_id)
 
     def _path(self, lane_id: int) -> tuple[np.ndarray, float]:
         """Reference path (N, 2) in highway-env coordinates from the ego along ``lane_id`` with the lateral offset

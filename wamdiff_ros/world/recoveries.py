@@ -98,9 +98,10 @@ def recovery_seed(split: str, seed_offset: int, k: int) -> int:
 
 
 def recovery_frame(spec: ScenarioSpec, seed: int, scenarios: ScenarioSet, config: RecoveryConfig,
-                   camera: CameraConfig | None = None) -> tuple[Frame, Placement] | None:
+                   camera: CameraConfig | None = None, route_points: bool = False) -> tuple[Frame, Placement] | None:
     """World ``seed`` of ``spec`` with the ego placed off-centre: the camera frame and the expert's plan from there
-    (a ``Frame`` at index 0, t 0, without questions); None when no placement kept clear of traffic."""
+    (a ``Frame`` at index 0, t 0, without questions); None when no placement kept clear of traffic.
+    ``route_points``: the frame keeps its route's points from the placed ego (``World.route_points``)."""
     world = World(spec, seed, scenarios)
     rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])  # scenarios draw apart at one seed
     placement = place(world, rng, config)
@@ -109,5 +110,6 @@ def recovery_frame(spec: ScenarioSpec, seed: int, scenarios: ScenarioSet, config
     shot = FrontCamera(world.geometry, camera or CameraConfig()).render(world.ego_pose, world.others())
     plan = Expert(world).plan()
     frame = Frame(spec.name, seed, 0, 0.0, shot.image, world.ego_velocity(), world.ego_acceleration(), world.command,
-                  world.ego_speed, np.asarray(plan.waypoints), shot.boxes, [], None, plan.reason, 0)
+                  world.ego_speed, np.asarray(plan.waypoints), shot.boxes, [], None, plan.reason, 0,
+                  route_points={world.command: world.route_points()} if route_points else {})
     return frame, placement

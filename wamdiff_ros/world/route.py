@@ -91,3 +91,34 @@ class Route:
 
     def distance(self, position: np.ndarray) -> float:
         return min(lane.distance(position) for lane in self.lanes)
+
+    def nearest_lane(self, k: int, position: np.ndarray) -> int:
+        """The lane id of segment ``k`` whose centre line is laterally nearest to ``position``."""
+        a, b = self.segments[k]
+        lanes = self.network.graph[a][b]
+        return min(range(len(lanes)), key=lambda i: abs(lanes[i].local_coordinates(position)[1]))
+
+    def lane_sequence(self, k: int, lane_id: int) -> list[AbstractLane]:
+        """Lanes along the route from segment ``k``: its lane ``lane_id`` (its last lane when it has fewer), then in
+        each later segment the lane that starts nearest to where the previous one ends."""
+        a, b = self.segments[k]
+        lanes = [self.network.graph[a][b][min(lane_id, len(self.network.graph[a][b]) - 1)]]
+        for a, b in self.segments[k + 1:]:
+            end = lanes[-1].position(lanes[-1].length, 0.0)
+            lanes.append(min(self.network.graph[a][b], key=lambda ln: np.linalg.norm(ln.position(0.0, 0.0) - end)))
+        return lanes
+
+    def centre_ahead(self, k: int, position: np.ndarray, distances) -> np.ndarray:
+        """The centre of the route lane nearest ``position`` on segment ``k`` (``nearest_lane``), ``distances`` metres
+        ahead of ``position`` along the route (``lane_sequence``), (N, 2) in the network's coordinates; a point past
+        the route's end stays at the end of its last lane."""
+        lanes = self.lane_sequence(k, self.nearest_lane(k, position))
+        s0 = lanes[0].local_coordinates(position)[0]
+        out = []
+        for d in distances:
+            s, i = s0 + d, 0
+            while s > lanes[i].length and i + 1 < len(lanes):
+                s -= lanes[i].length
+                i += 1
+            out.append(lanes[i].position(min(s, lanes[i].length), 0.0))
+        return np.asarray(out)

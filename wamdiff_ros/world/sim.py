@@ -282,6 +282,15 @@ class World:
         r = self.route
         return r.command if r.command_from_m <= self.progress_m <= r.command_to_m else fmt.Command.FOLLOW
 
+    def route_points(self, route: Route | None = None) -> np.ndarray:
+        """The plan prompt's optional route points (``fmt.route_line``): the centre of the route lane nearest the
+        ego, ``fmt.ROUTE_AHEAD_M`` metres ahead of it along the route, in the ego frame (x forward, y left, m),
+        shape (2, 2). ``route``: the world's own (default) or one of ``alternative_routes()`` (read from the ego's
+        segment of the world's route, which they share while offered). Near the route's end the points stay at the
+        end of its last lane."""
+        r = self.route if route is None else route
+        return self.ego_pose.to_ego(mirror(r.centre_ahead(self._k, self.ego.position, fmt.ROUTE_AHEAD_M)))
+
     def _id(self, obj: object) -> int:
         """A stable actor id, never reused (Python recycles id() of freed objects, so the object is kept)."""
         if id(obj) not in self._actors:
