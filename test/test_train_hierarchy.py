@@ -235,6 +235,35 @@ def test_counterfactual_commands_reach_the_training_exports_only(tmp_path, monke
     assert "--counterfactual-commands" not in calls[0]
 
 
+def test_route_points_and_format_version_reach_every_export(tmp_path, monkeypatch):
+    import wamdiff_ros.world.dataset as dataset
+    from wamdiff_training.hierarchy import Step, ensure_recoveries, export_dagger
+
+    calls = []
+    monkeypatch.setattr(dataset, "main", lambda argv: calls.append(argv) or 0)
+    plan = load_plan_from(tmp_path, {"root": str(tmp_path / "r"), "episodes": 4, "eval_episodes": 2,
+                                     "route_points": True, "format_version": 3,
+                                     "recoveries": {"samples": 3, "scenarios": "highway", "weight": 1.0}})
+    ensure_data(plan, progress=False)
+    export_dagger(plan, Step("student/dagger/r01/data", "dagger-data", "", tmp_path / "d", 0,
+                             ["seed_offset=40", "episodes=2", "expert_share=0.2"]), "a-model", progress=False)
+    assert [c[0] for c in calls] == ["recoveries", "generate", "generate", "generate"]
+    for argv in calls:  # recoveries, train, val + test, the DAgger round
+        assert "--route-points" in argv and argv[argv.index("--format-version") + 1] == "3"
+    calls.clear()
+    default = load_plan_from(tmp_path, {"root": str(tmp_path / "s"), "episodes": 4})
+    ensure_data(default, progress=False)
+    ensure_recoveries(default, progress=False)
+    assert all("--route-points" not in a and a[a.index("--format-version") + 1] == "2" for a in calls)
+
+
+@pytest.mark.parametrize(("key", "value"), [("format_version", 1), ("format_version", 4), ("format_version", True),
+                                            ("route_points", "yes")])
+def test_bad_export_format_keys_are_refused(tmp_path, key, value):
+    with pytest.raises(ConfigError, match=key):
+        load_plan_from(tmp_path, {"root": "out/h", key: value})
+
+
 def load_plan_from(tmp_path, plan: dict):
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))

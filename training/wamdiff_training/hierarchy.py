@@ -139,6 +139,10 @@ class HierarchyPlan:
     # the training exports (the world's train split and every DAgger round's) also label each junction approach
     # frame under the other commands (wamdiff-data generate --counterfactual-commands); held-out splits never do
     counterfactual_commands: bool = False
+    # every export (the world's splits, DAgger rounds, recoveries) writes the plan prompts' optional route line
+    # (wamdiff-data --route-points) and its plan answers in this waypoint format (--format-version; 3: y as bins)
+    route_points: bool = False
+    format_version: int = 2
 
     @property
     def data_dir(self) -> Path:
@@ -182,6 +186,10 @@ def load_plan(path: str | Path) -> HierarchyPlan:
         if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value <= upper
                                            and math.isfinite(value)):
             raise ConfigError(str(path), name, f"must be a finite number in [0, {upper:g}], got {value!r}")
+    if plan.format_version not in (2, 3) or isinstance(plan.format_version, bool):
+        raise ConfigError(str(path), "format_version", f"the exports write 2 or 3, got {plan.format_version!r}")
+    if not isinstance(plan.route_points, bool):
+        raise ConfigError(str(path), "route_points", f"true or false, got {plan.route_points!r}")
     if plan.reuse is not None:
         earlier = None if plan.reuse.plan is None else load_plan(plan.reuse.plan).root
         if earlier is None and not plan.reuse.root:
@@ -343,6 +351,11 @@ def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str]
     return previous, files
 
 
+def _export_format(plan: HierarchyPlan) -> list[str]:
+    """The export flags every export of ``plan`` shares: its answers' format version and the route line."""
+    return ["--format-version", str(plan.format_version), *(["--route-points"] if plan.route_points else [])]
+
+
 def export_dagger(plan: HierarchyPlan, step: Step, driver: str, progress: bool) -> None:
     """A DAgger round's data: the round's ``episodes`` fresh training episodes per scenario driven partly by
     ``driver`` (``step.out_dir`` / train.json; written last, so an export cut short runs again)."""
@@ -353,7 +366,7 @@ def export_dagger(plan: HierarchyPlan, step: Step, driver: str, progress: bool) 
     args = ["generate", "--scenarios", plan.scenarios, "--episodes", setting["episodes"], "--split", "train",
             "--seed-offset", offset, "--noise-fraction", "0", "--driver", driver, "--expert-share",
             share, "--workers", str(plan.workers), "--out", str(step.out_dir), "--overwrite",
-            *(["--counterfactual-commands"] if plan.counterfactual_commands else [])]
+            *(["--counterfactual-commands"] if plan.counterfactual_commands else []), *_export_format(plan)]
     if export(args + ([] if progress else ["--no-progress"])) != 0:
         raise RuntimeError(f"the DAgger export into {step.out_dir} failed")
 
@@ -425,7 +438,8 @@ def ensure_recoveries(plan: HierarchyPlan, progress: bool) -> None:
         return
     r = plan.recoveries
     args = ["recoveries", "--scenarios", r.scenarios, "--samples", str(r.samples), "--split", "train",
-            "--workers", str(plan.workers), "--out", str(recovery_data(plan).parent), "--overwrite"]
+            "--workers", str(plan.workers), "--out", str(recovery_data(plan).parent), "--overwrite",
+            *_export_format(plan)]
     if export(args + ([] if progress else ["--no-progress"])) != 0:
         raise RuntimeError(f"the recovery export into {recovery_data(plan).parent} failed")
 
@@ -480,7 +494,8 @@ def ensure_data(plan: HierarchyPlan, progress: bool) -> Path:
     for splits, episodes in runs:
         args = ["generate", "--scenarios", plan.scenarios, "--episodes", str(episodes), "--split", splits,
                 "--workers", str(plan.workers), "--out", str(out), "--overwrite",
-                *(["--counterfactual-commands"] if plan.counterfactual_commands and splits == "train" else [])]
+                *(["--counterfactual-commands"] if plan.counterfactual_commands and splits == "train" else []),
+                *_export_format(plan)]
         if export(args + ([] if progress else ["--no-progress"])) != 0:
             raise RuntimeError(f"the world's data export into {out} failed")
     return out
