@@ -27,6 +27,8 @@ ARGUMENTS = {
     "camera_info": ("/camera/front/camera_info", "sensor_msgs/CameraInfo topic"),
     "odometry": ("/odom", "nav_msgs/Odometry topic"),
     "command": ("/route/command", "wamdiff_ros/DrivingCommand topic"),
+    "route": ("/route/path", "nav_msgs/Path topic: the route in the odometry's frame (read only by a model that wants "
+                             "route points)"),
     "use_sim_time": ("false", "use /clock"),
 }
 
@@ -48,6 +50,7 @@ def generate_launch_description():
             ("~/input/camera_info", arg("camera_info")),
             ("~/input/odometry", arg("odometry")),
             ("~/input/command", arg("command")),
+            ("~/input/route", arg("route")),
         ],
         additional_env={"FASTDDS_DEFAULT_PROFILES_FILE": os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE", profile)},
     )

@@ -2,7 +2,8 @@
 
 configure loads the model (a bad path fails the transition with an ERROR diagnostic); activate starts inference
 on one worker thread, always on the latest frame. Inputs: ``~/input/image`` (or ``~/input/image/compressed``),
-``~/input/camera_info``, ``~/input/odometry``, ``~/input/command``, ``~/input/question``. Outputs:
+``~/input/camera_info``, ``~/input/odometry``, ``~/input/command``, ``~/input/question`` and, for a model that
+wants route points, ``~/input/route`` (nav_msgs/Path in the odometry's frame). Outputs:
 ``~/output/path``, ``~/output/plan``, ``~/output/text``, ``~/output/answer``, ``~/debug/markers``,
 ``/diagnostics``. Every output is stamped with its input image's stamp. Bad input never stops the node: it is
 counted, logged (throttled) and reported in the diagnostics.
@@ -35,6 +36,7 @@ from wamdiff_ros.errors import WamDiffError
 from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP
 from wamdiff_ros.msg import DrivingCommand, PlannerOutput
 from wamdiff_ros.planner import EgoState, Plan, Planner, PlanStats
+from wamdiff_ros.route_points import route_points_ahead
 from wamdiff_ros.ros import conversions as conv
 from wamdiff_ros.ros.outputs import planner_output_msg
 from wamdiff_ros.ros.cycle import (Counters, InputLimits, LatencyWindow, LatestSlot, StampedHistory, check_inputs,
@@ -66,6 +68,16 @@ class Frame:
     header: object
     rgb: np.ndarray
     convert_s: float = 0.0  # time spent turning the message into the array
+
+
+@dataclass(slots=True)
+class RouteInput:
+    """The latest ``~/input/route``: its points (N, 2) in ``frame_id``; ``refused`` once a cycle has reported that
+    its frame is not the odometry's (reported once per message, skipped every cycle)."""
+    stamp: float
+    frame_id: str
+    points: np.ndarray
+    refused: bool = False
 
 
 def _seconds(stamp) -> float:
@@ -118,6 +130,9 @@ class PlannerNode(LifecycleNode):
         self._lock = threading.Lock()  # guards the latest command / path
         self._odometry: StampedHistory[tuple[tuple[float, float, float], EgoState]] = StampedHistory()
         self._command: tuple[float, fmt.Command] | None = None
+        self._route: RouteInput | None = None  # the latest ~/input/route
+        self._odom_frame_id = ""  # header.frame_id of the latest odometry
+        self._route_state = "none"  # for the diagnostics: none | used | refused: ... | error: ...
         self._last_path_odom: np.ndarray | None = None
         self._last_image_stamp = -np.inf
         self._worker: threading.Thread | None = None
@@ -153,8 +168,9 @@ class PlannerNode(LifecycleNode):
             self._fail(f"model not loaded: {exc}")
             return TransitionCallbackReturn.FAILURE
         if self.planner.wants_route_points:
-            self.get_logger().warning("the model was trained with route points in its prompt; this node has no route "
-                                      "input yet, so it plans without them")
+            self.get_logger().info("the model was trained with route points in its prompt: they come from "
+                                   "~/input/route (nav_msgs/Path in the odometry's frame); until a route arrives it "
+                                   "plans without them")
         out = self.create_lifecycle_publisher
         self._path_pub = out(Path, "~/output/path", 10)
         self._plan_pub = out(PlannerOutput, "~/output/plan", 10)
@@ -174,6 +190,7 @@ class PlannerNode(LifecycleNode):
         else:
             self.create_subscription(Image, "~/input/image", self._on_image, image_qos)
         self.create_subscription(String, "~/input/question", self._on_question, 10)
+        self.create_subscription(Path, "~/input/route", self._on_route, command_qos)
         self._setup_blackbox(command_qos)
         self._status = (DiagnosticStatus.OK, f"configured: {self.planner.bundle.source}")
         self.get_logger().info(f"model {self.planner.bundle.source} loaded; settings {self.planner.settings}")
@@ -199,6 +216,8 @@ class PlannerNode(LifecycleNode):
         for pub in (self._path_pub, self._plan_pub, self._text_pub, self._answer_pub, self._marker_pub):
             self.destroy_lifecycle_publisher(pub)
         self.planner = None
+        with self._lock:
+            self._route, self._route_state = None, "none"
         self._status = (DiagnosticStatus.WARN, "unconfigured")
         return TransitionCallbackReturn.SUCCESS
 
@@ -232,6 +251,7 @@ class PlannerNode(LifecycleNode):
             (*image, self._image_qos()),
             ("~/input/odometry", "nav_msgs/msg/Odometry", Odometry, 20),
             ("~/input/command", "wamdiff_ros/msg/DrivingCommand", DrivingCommand, command_qos),
+            ("~/input/route", "nav_msgs/msg/Path", Path, command_qos),
         ):
             name = self.resolve_topic_name(topic)
             self.create_subscription(cls, topic, lambda raw, n=name, t=msgtype: self.blackbox.add(
@@ -338,7 +358,26 @@ class PlannerNode(LifecycleNode):
         except WamDiffError as exc:
             self._bad_input("odometry", exc)
             return
+        self._odom_frame_id = msg.header.frame_id
         self._odometry.add(stamp, (pose, ego))
+
+    def _on_route(self, msg: Path) -> None:
+        """Keeps the latest route; a malformed one is dropped (reported) and clears the route, an empty one clears it
+        quietly: a model that wants route points then plans without them."""
+        try:
+            points = np.array([(p.pose.position.x, p.pose.position.y) for p in msg.poses], np.float64).reshape(-1, 2)
+            if len(points):
+                route_points_ahead(points, points[0], 0.0)  # the same checks as every cycle's: >= 2 finite points
+        except Exception as exc:  # whatever the message holds, the node goes on
+            with self._lock:
+                self._route, self._route_state = None, f"error: {exc}"
+            self._bad_input("route", exc)
+            return
+        with self._lock:
+            if not len(points):
+                self._route, self._route_state = None, "none"
+            else:
+                self._route = RouteInput(_seconds(msg.header.stamp) or self._now(), msg.header.frame_id, points)
 
     def _on_command(self, msg: DrivingCommand) -> None:
         command = COMMANDS.get(msg.command)
@@ -392,9 +431,13 @@ class PlannerNode(LifecycleNode):
             return
         _, (pose, ego) = odom
         planner = self.planner
+        route = self._route_points(pose) if planner.wants_route_points else None
         t0 = time.perf_counter()
         try:
-            plan = planner.plan(frame.rgb, ego, command[1])
+            if planner.wants_route_points:
+                plan = planner.plan(frame.rgb, ego, command[1], route=route)
+            else:  # the paper's prompt, exactly as before route points existed
+                plan = planner.plan(frame.rgb, ego, command[1])
             failure = None if plan.valid else f"invalid plan: {plan.reason}"
         except Exception as exc:
             plan, failure = None, f"model error: {exc!r}"
@@ -413,6 +456,37 @@ class PlannerNode(LifecycleNode):
         self._publish(frame, plan, pose, fallback=failure is not None)
         self.ros_overhead.add(frame.convert_s + time.perf_counter() - t_publish)
         self.frame_to_plan.add(self._now() - frame.stamp)
+
+    def _route_points(self, pose) -> np.ndarray | None:
+        """The route points (``fmt.ROUTE_AHEAD_M`` ahead along ``~/input/route``, ego frame) for the ego at ``pose``
+        (x, y, yaw in the odometry frame); None, reported, when there is no usable route."""
+        with self._lock:
+            route = self._route
+        if route is None:
+            self.get_logger().warning("no route on ~/input/route yet: planning without route points",
+                                      throttle_duration_sec=10.0)
+            return None
+        odom_frame = self._odom_frame_id
+        if route.frame_id and odom_frame and route.frame_id != odom_frame:
+            message = f"frame {route.frame_id!r} is not the odometry's {odom_frame!r}; planning without route points"
+            with self._lock:
+                self._route_state = f"refused: {message}"
+            if not route.refused:
+                route.refused = True
+                self._bad_input("route", ValueError(message))
+            else:
+                self.get_logger().warning(f"route refused: {message}", throttle_duration_sec=10.0)
+            return None
+        try:
+            points = route_points_ahead(route.points, pose[:2], pose[2])
+        except Exception as exc:
+            with self._lock:
+                self._route_state = f"error: {exc}"
+            self._bad_input("route", exc)
+            return None
+        with self._lock:
+            self._route_state = "used"
+        return points
 
     def _fallback(self, plan: Plan | None, ego: EgoState, pose, reason: str) -> Plan:
         self.counters.fallback += 1
@@ -476,6 +550,10 @@ class PlannerNode(LifecycleNode):
         now = self._now()
         values["odometry_age_s"] = round(now - odom[0], 3) if odom else "none"
         values["command_age_s"] = round(now - command[0], 3) if command else "none"
+        if self.planner is not None and self.planner.wants_route_points:
+            with self._lock:
+                route, values["route"] = self._route, self._route_state
+            values["route_age_s"] = round(now - route.stamp, 3) if route else "none"
         status = DiagnosticStatus(level=level, name=f"{NODE_NAME}: planner", message=message,
                                   hardware_id=NODE_NAME,
                                   values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
