@@ -1,5 +1,6 @@
 """The Bench2Drive leaderboard agent (thin client): sensors, one step against a real wamdiff-serve, the route ->
-command mapping, frames, the server-timeout path, metric_info.json, Python 3.7 syntax and no torch import."""
+command mapping, frames, the server-timeout path, metric_info.json, Python 3.7 syntax and no torch import; the
+route near the ego (ego frame) sent only to a model that wants route points."""
 
 import ast
 import json
@@ -498,6 +499,111 @@ def test_left_plan_turns_the_carla_car_left(make_agent, road_bgra):
         assert v > 2.0
         assert min(steers) < -0.05 and np.mean(steers[40:]) < 0  # CARLA steer negative = left
         assert yaw < -20.0 and y < -2.0  # turned counter-clockwise seen from above: toward CARLA -y (north)
+    finally:
+        server.stop()
+        thread.join(timeout=5)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Route points: the dense route near the ego, ego frame, for a model that wants them
+
+
+def test_route_slice_on_a_straight_route():
+    from wamdiff_ros.carla_bridge.route import subsample
+
+    xs = np.arange(0.0, 201.0, 1.0)
+    route = RouteCommands([(x, 2.0) for x in xs], [RoadOption.LANEFOLLOW] * len(xs))
+    assert route.points_around() == [(0.0, 2.0)] + [(float(x), 2.0) for x in range(1, 45)] + [(45.0, 2.0)]
+    route.update(20.3, 2.5)
+    around = route.points_around(5.0, 45.0)
+    assert around[0] == pytest.approx((15.3, 2.0)) and around[-1] == pytest.approx((65.3, 2.0))
+    assert [p[0] for p in around[1:-1]] == [float(x) for x in range(16, 66)] and len(around) == 52
+    few = route.points_around(5.0, 45.0, max_points=10)
+    assert len(few) == 10 and few[0] == around[0] and few[-1] == around[-1]
+    assert all(b[0] > a[0] for a, b in zip(few, few[1:]))
+    for x in range(30, 191, 10):  # progress is searched within 50 m of the last: drive there
+        route.update(float(x), 2.0)
+    assert route.points_around()[-1] == (200.0, 2.0) and route.points_around()[0] == pytest.approx((185.0, 2.0))
+    assert route.points_between(30.0, 20.0) == [] and RouteCommands([], []).points_around() == []
+    assert subsample([(0.0, 0.0)] * 3, 5) == [(0.0, 0.0)] * 3
+    with pytest.raises(FieldError):
+        subsample([(0.0, 0.0)] * 3, 1)
+
+
+def test_route_in_the_ego_frame_on_an_l_shaped_route_with_a_rotated_pose():
+    from wamdiff_ros.carla_bridge.route import to_ego_frame
+    from wamdiff_ros.route_points import route_points_ahead
+
+    # east 50 m, then north 60 m (our world frame: x east, y north)
+    points = [(float(x), 0.0) for x in range(0, 51)] + [(50.0, float(y)) for y in range(1, 61)]
+    route = RouteCommands(points, [RoadOption.LANEFOLLOW] * len(points))
+    pose = (45.0, 0.4, math.radians(30.0))  # heading north-east, 0.4 m left of the route
+    route.update(pose[0], pose[1])
+    assert route.progress_m == pytest.approx(45.0)
+    world = route.points_around(5.0, 45.0)
+    assert world[0] == pytest.approx((40.0, 0.0)) and world[-1] == pytest.approx((50.0, 40.0))
+    ego = to_ego_frame(world, pose)
+    assert len(ego) == len(world) and all(len(p) == 2 for p in ego)
+    c, s = math.cos(pose[2]), math.sin(pose[2])
+    for (wx, wy), (ex, ey) in zip(world, ego):  # rotate back: the world point
+        assert (pose[0] + c * ex - s * ey, pose[1] + s * ex + c * ey) == pytest.approx((wx, wy))
+    # the corner (50, 0) lies ahead and to the right of an ego heading north-east
+    corner = ego[world.index((50.0, 0.0))]
+    assert corner[0] > 0 and corner[1] < 0
+    # the server's route points from the ego-frame slice equal those from the whole route in the world frame
+    from_slice = route_points_ahead(ego, (0.0, 0.0), 0.0)
+    from_world = route_points_ahead(points, pose[:2], pose[2])
+    np.testing.assert_allclose(from_slice, from_world, atol=1e-9)
+    d = np.array([[50.0, 5.0], [50.0, 25.0]]) - pose[:2]  # 10 m and 30 m ahead: past the corner, on the north leg
+    np.testing.assert_allclose(from_slice, np.stack([c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1]], 1),
+                               atol=1e-9)
+
+
+def test_route_settings_are_checked():
+    assert agent_module.AgentConfig({"route_max_points": 2}).route_max_points == 2
+    for key, value in (("route_max_points", 101), ("route_max_points", 1), ("route_ahead_m", 0.0),
+                       ("route_behind_m", -1.0)):
+        with pytest.raises(FieldError) as err:
+            agent_module.AgentConfig({key: value})
+        assert err.value.field == key
+
+
+class _RouteRecorder(_LeftArcPlanner):
+    def __init__(self, wants):
+        self.wants_route_points = wants
+        self.calls = []
+
+    def plan(self, image, ego, command, **kwargs):
+        self.calls.append(kwargs)
+        return super().plan(image, ego, command)
+
+
+@pytest.mark.parametrize("wants", [True, False])
+def test_agent_sends_the_route_only_to_a_model_that_wants_route_points(make_agent, road_bgra, monkeypatch, wants):
+    from wamdiff_ros.carla_bridge.server import PlannerServer, ServeConfig
+
+    planner = _RouteRecorder(wants)
+    server = PlannerServer(planner, ServeConfig(world="carla"))
+    address = server.bind(port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        agent = make_agent(address, timeout_s=5.0, route=make_route(lambda x: RoadOption.LANEFOLLOW, spacing=1.0))
+        sent = []
+        real = agent.client.plan
+        monkeypatch.setattr(agent.client, "plan", lambda *a, **k: sent.append(k.get("route_xy")) or real(*a, **k))
+        control = agent.run_step(sensor_input(road_bgra, x=30.0), 1.0)
+        _check_control(control)
+        assert agent.counters["errors"] == 0 and agent.send_route is wants
+        if not wants:
+            assert sent == [None] and planner.calls == [{}]
+            return
+        route_xy = sent[0]
+        assert 40 <= len(route_xy) <= 100  # 50 m of a 1 m route
+        assert route_xy[0] == pytest.approx([-5.0, 0.0], abs=0.2)
+        assert route_xy[-1] == pytest.approx([45.0, 0.0], abs=0.2)
+        assert list(planner.calls[0]) == ["route"]
+        np.testing.assert_allclose(planner.calls[0]["route"], [[10.0, 0.0], [30.0, 0.0]], atol=0.2)
     finally:
         server.stop()
         thread.join(timeout=5)

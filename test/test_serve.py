@@ -1,4 +1,5 @@
-"""wamdiff-serve and its wire format: framing errors, a real server subprocess (tiny-random), newest-wins, status."""
+"""wamdiff-serve and its wire format: framing errors, a real server subprocess (tiny-random), newest-wins, status;
+the optional route_xy and route points passed only to a model that wants them."""
 
 import dataclasses
 import io
@@ -234,7 +235,7 @@ def test_server_reset_drops_the_plan(server):
     with PlannerClient(server, timeout_s=30.0) as client:
         client.plan(_image().tobytes(), 128, 256, EGO, "straight")
         before = client.status()["values"]["resets"]
-        assert client.reset("new route") == {"reset": True}
+        assert client.reset("new route") == {"reset": True, "route_points": False}  # tiny-random: no route points
         reply = client.control(EGO)
         assert reply["control"]["braking"] and reply["control"]["reason"] == "brake: no plan"
         assert reply["control"]["brake"] == 1.0 and reply["plan_age_s"] is None
@@ -386,3 +387,180 @@ def test_time_jump_resets_the_follower(stub_server):
         assert client.control(dict(EGO, t=EGO["t"] + 0.05))["control"]["reason"] != "brake: no plan"
         assert client.control(dict(EGO, t=EGO["t"] - 5.0))["control"]["reason"] == "brake: no plan"
     assert server.status_values()["resets"] == 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Route points: the optional route_xy of a plan request, passed on only to a model that wants route points
+
+
+def test_route_xy_field_checks():
+    assert messages.check_route_xy({}) is None and messages.check_route_xy({"route_xy": None}) is None
+    assert messages.check_route_xy({"route_xy": [[1, 2], (3.5, -4.0)]}) == [[1.0, 2.0], [3.5, -4.0]]
+    assert messages.check_route_xy({"route_xy": []}) == []
+    too_many = [[float(i), 0.0] for i in range(messages.MAX_ROUTE_POINTS + 1)]
+    assert len(messages.check_route_xy({"route_xy": too_many[:-1]})) == messages.MAX_ROUTE_POINTS
+    for bad, field, match in [
+        ("10,0", "route_xy", "list of"),
+        ({"x": 1.0}, "route_xy", "list of"),
+        (too_many, "route_xy", "at most 100 points, got 101"),
+        ([[0.0, 0.0], [1.0, 2.0, 3.0]], "route_xy[1]", "expected 2 numbers"),
+        ([[0.0, 0.0], 5.0], "route_xy[1]", "expected 2 numbers"),
+        ([[0.0, float("nan")]], "route_xy[0]", "finite"),
+        ([[0.0, 0.0], [float("inf"), 0.0]], "route_xy[1]", "finite"),
+        ([[True, 0.0]], "route_xy[0]", "finite"),
+        ([["1", 0.0]], "route_xy[0]", "finite"),
+    ]:
+        with pytest.raises(protocol.MalformedMessageError, match=match) as err:
+            messages.check_route_xy({"route_xy": bad}, request_id=9)
+        assert err.value.field == field and err.value.request_id == 9
+
+
+def test_plan_request_carries_route_xy_only_when_given():
+    image = _image(4, 4)
+    header, _ = messages.plan_request(image.tobytes(), 4, 4, EGO, "left")
+    assert "route_xy" not in header  # the old request, byte for byte
+    header, payload = messages.plan_request(image.tobytes(), 4, 4, EGO, "left", route_xy=[(0, 0), (10, 1)])
+    assert header["route_xy"] == [[0.0, 0.0], [10.0, 1.0]]
+    frame = protocol.decode_frame(protocol.encode_frame(MessageType.PLAN, 1, header, payload))
+    assert messages.check_route_xy(frame.header) == [[0.0, 0.0], [10.0, 1.0]]
+    with pytest.raises(protocol.MalformedMessageError) as err:
+        messages.plan_request(image.tobytes(), 4, 4, EGO, "left", route_xy=[[0.0, float("nan")], [1.0, 0.0]])
+    assert err.value.field == "route_xy[0]"
+
+
+class _RecordingPlanner(_SlowPlanner):
+    """Records each ``plan`` call's keyword arguments; ``wants_route_points`` as given (None: no such attribute, as
+    the stub planners above)."""
+
+    def __init__(self, wants=None):
+        super().__init__(0.0)
+        self.calls = []
+        if wants is not None:
+            self.wants_route_points = wants
+
+    def plan(self, image, ego, command, **kwargs):
+        self.calls.append(kwargs)
+        return super().plan(image, ego, command)
+
+
+@pytest.fixture
+def route_server():
+    from wamdiff_ros.carla_bridge.server import PlannerServer, ServeConfig
+
+    servers = []
+
+    def start(planner):
+        server = PlannerServer(planner, ServeConfig(), model_name="route")
+        address = server.bind(port=0)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return server, address
+
+    yield start
+    for server, thread in servers:
+        server.stop()
+        thread.join(timeout=5)
+
+
+STRAIGHT = [[float(x), 0.5] for x in range(-5, 46)]  # ego frame: the route 0.5 m to the left, 5 m behind to 45 ahead
+
+
+def test_server_passes_route_points_to_a_model_that_wants_them(route_server):
+    planner = _RecordingPlanner(wants=True)
+    server, address = route_server(planner)
+    with PlannerClient(address, timeout_s=5.0) as client:
+        assert client.reset("new route") == {"reset": True, "route_points": True}
+        reply = client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=STRAIGHT)
+        assert reply["plan"]["valid"]
+        client.plan(_image().tobytes(), 128, 256, EGO, "left")  # no route: planned without the points
+        client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=[[1.0, 0.0]])  # one point: the same
+        values = client.status()["values"]
+    assert list(planner.calls[0]) == ["route"]
+    np.testing.assert_allclose(planner.calls[0]["route"], [[10.0, 0.5], [30.0, 0.5]], atol=1e-9)
+    assert planner.calls[1:] == [{"route": None}, {"route": None}]
+    assert values["route_points"] is True and values["route_used"] == 1
+    assert values["planned"] == 3 and values["bad_input"] == 0
+
+
+def test_server_plans_without_route_points_it_cannot_compute(route_server):
+    planner = _RecordingPlanner(wants=True)
+    server, address = route_server(planner)
+    with PlannerClient(address, timeout_s=5.0) as client:
+        reply = client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=[[3.0, 1.0]] * 4)  # zero length
+        assert reply["plan"]["valid"]
+        values = client.status()["values"]
+    assert planner.calls == [{"route": None}]
+    assert values["planned"] == 1 and values["bad_input"] == 1 and values["route_used"] == 0
+    assert values["last_error"].startswith("route_xy: route path: has zero length")
+
+
+def test_server_refuses_a_malformed_route_xy(route_server):
+    planner = _RecordingPlanner(wants=True)
+    _, address = route_server(planner)
+    with PlannerClient(address, timeout_s=5.0) as client:
+        header, payload = messages.plan_request(_image().tobytes(), 128, 256, EGO, "left")
+        header["route_xy"] = [[0.0, 0.0], [1.0]]
+        with pytest.raises(RemoteError) as err:
+            client.request(MessageType.PLAN, header, payload)
+        assert err.value.code == ErrorCode.BAD_FRAME.value and err.value.field == "route_xy[1]"
+        assert client.status()["values"]["bad_input"] == 1
+    assert planner.calls == []
+
+
+@pytest.mark.parametrize("wants", [False, None])
+def test_server_never_passes_route_to_a_model_that_does_not_want_them(route_server, wants):
+    planner = _RecordingPlanner(wants=wants)
+    _, address = route_server(planner)
+    with PlannerClient(address, timeout_s=5.0) as client:
+        assert client.reset("new route") == {"reset": True, "route_points": False}
+        client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=STRAIGHT)
+        client.plan(_image().tobytes(), 128, 256, EGO, "left")
+        values = client.status()["values"]
+    assert planner.calls == [{}, {}]  # called exactly as before route points existed
+    assert values["route_points"] is False and values["route_used"] == 0 and values["bad_input"] == 0
+
+
+def _recorded(monkeypatch, planner):
+    calls = []
+    real = planner.plan
+
+    def record(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "plan", record)
+    return calls
+
+
+def test_real_planners_route_points_end_to_end(route_server, monkeypatch, tmp_path):
+    """The packaged model (route_points false) gets no ``route=``; a tiny checkpoint with ``route_points: true`` in
+    its wamdiff.json gets the points, and its prompt carries the route line."""
+    from wamdiff_ros import format as fmt
+    from wamdiff_ros.decoding.settings import DecodeSettings
+    from wamdiff_ros.model import DecodeMeta, load, save_checkpoint, tiny_random
+    from wamdiff_ros.planner import Planner
+
+    shipped = Planner.from_pretrained()
+    assert not shipped.wants_route_points
+    shipped_calls = _recorded(monkeypatch, shipped)
+    bundle = tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8, route_points=True), hidden=64, layers=2)
+    folder = save_checkpoint(bundle, tmp_path / "ckpt")
+    assert json.loads((folder / "wamdiff.json").read_text())["route_points"] is True
+    route_model = Planner(load(str(folder)), DecodeSettings(block_size=8, steps=4, schedule="static"))
+    assert route_model.wants_route_points
+    route_calls = _recorded(monkeypatch, route_model)
+    prompts = []
+    real_prompt = fmt.plan_prompt
+    monkeypatch.setattr(fmt, "plan_prompt", lambda *a, **k: prompts.append(real_prompt(*a, **k)) or prompts[-1])
+    for planner in (shipped, route_model):
+        _, address = route_server(planner)
+        with PlannerClient(address, timeout_s=120.0) as client:
+            assert client.reset("new route")["route_points"] is planner.wants_route_points
+            reply = client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=STRAIGHT)
+            assert np.asarray(reply["plan"]["waypoints"]).shape == (8, 2)
+    assert shipped_calls == [{}]
+    assert list(route_calls[0]) == ["route"]
+    np.testing.assert_allclose(route_calls[0]["route"], [[10.0, 0.5], [30.0, 0.5]], atol=1e-9)
+    assert not fmt.has_route_line(prompts[0])
+    assert fmt.has_route_line(prompts[1]) and "(010.00,000.50) and (030.00,000.50)" in prompts[1]

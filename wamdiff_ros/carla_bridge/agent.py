@@ -5,7 +5,9 @@ run; so this module is stdlib + numpy, Python 3.7 syntax, and imports no torch (
 Each step it turns the sensors into the planner's inputs (RGB image, ego state, pose, navigation command from the
 route), asks the server -- a ``PLAN`` every ``plan_every_n_steps`` steps, a ``CONTROL`` (follower only) between --
 and returns the server's control as a ``carla.VehicleControl``. No answer within ``timeout_s``, or an error: full
-brake, counted. Frames: ``wamdiff_ros.carla_bridge.frames``.
+brake, counted. Frames: ``wamdiff_ros.carla_bridge.frames``. When the server's model wants route points (its
+``RESET`` reply says ``route_points``), each plan request also carries the dense route from ``route_behind_m`` behind
+the ego to ``route_ahead_m`` ahead of it along the route (``route_xy``, ego frame, at most ``route_max_points``).
 
 Leaderboard use: ``--agent=<repo>/wamdiff_ros/carla_bridge/agent.py --agent-config=<repo>/config/bench2drive_agent.yaml``
 (the leaderboard imports this file by path; the repository root is put on ``sys.path`` when needed). Bench2Drive
@@ -33,7 +35,7 @@ from wamdiff_ros.carla_bridge import frames, messages, protocol  # noqa: E402
 from wamdiff_ros.carla_bridge.client import PlannerClient, RemoteError, ServerUnavailableError  # noqa: E402
 from wamdiff_ros.carla_bridge.localization import PoseFilter  # noqa: E402
 from wamdiff_ros.carla_bridge.metric_log import MetricLog, resolve_directory  # noqa: E402
-from wamdiff_ros.carla_bridge.route import RouteCommands  # noqa: E402
+from wamdiff_ros.carla_bridge.route import RouteCommands, to_ego_frame  # noqa: E402
 from wamdiff_ros.errors import FieldError  # noqa: E402
 
 try:
@@ -132,12 +134,15 @@ DEFAULTS = {
     "camera_pitch_deg": 5.0,  # down (CARLA's sensor pitch is the negative)
     "command_lookahead_m": 60.0,
     "command_hold_m": 10.0,
+    "route_behind_m": 5.0,  # route_xy (for a model that wants route points): this far behind the ego's progress ...
+    "route_ahead_m": 45.0,  # ... to this far ahead (the route points lie 10 m and 30 m ahead)
+    "route_max_points": 100,  # subsampled to at most this many (protocol limit: messages.MAX_ROUTE_POINTS)
     "gnss_gain": 0.05,
     "max_imu_acceleration_mps2": 15.0,  # the IMU spikes on spawn and collisions
     "metric_dir": None,  # metric_info.json goes to <metric_dir>/<save_name>/ (env WAMDIFF_METRIC_DIR, SAVE_PATH)
     "log_every_n": 20,  # a repeated failure is logged on its 1st, Nth, 2Nth... occurrence
 }
-_INTEGER_KEYS = ("camera_width", "camera_height", "plan_every_n_steps", "log_every_n")
+_INTEGER_KEYS = ("camera_width", "camera_height", "plan_every_n_steps", "log_every_n", "route_max_points")
 _STRING_KEYS = ("server", "image_encoding", "metric_dir")
 ENV_OVERRIDES = (("WAMDIFF_SERVER", "server"), ("WAMDIFF_TIMEOUT_S", "timeout_s"),
                  ("SAVE_PATH", "metric_dir"), ("WAMDIFF_METRIC_DIR", "metric_dir"))  # later wins
@@ -178,12 +183,16 @@ def _checked(key: str, value: Any) -> Any:
     if key in _INTEGER_KEYS:
         if value != int(value) or value < 1:
             raise FieldError(key, "expected a whole number >= 1, got %r" % (value,))
+        if key == "route_max_points" and not 2 <= value <= messages.MAX_ROUTE_POINTS:
+            raise FieldError(key, "expected a whole number in 2..%d, got %r" % (messages.MAX_ROUTE_POINTS, value))
         return int(value)
     if key == "gnss_gain" and not 0.0 < value <= 1.0:
         raise FieldError(key, "expected a value in (0, 1], got %r" % (value,))
     if key in ("timeout_s", "connect_timeout_s", "camera_fov_deg", "command_lookahead_m",
-               "max_imu_acceleration_mps2") and not value > 0:
+               "max_imu_acceleration_mps2", "route_ahead_m") and not value > 0:
         raise FieldError(key, "must be > 0, got %r" % (value,))
+    if key == "route_behind_m" and not value >= 0:
+        raise FieldError(key, "must be >= 0, got %r" % (value,))
     return float(value)
 
 
@@ -273,6 +282,7 @@ class WamDiffAgent(AutonomousAgent):
         self._plan_due = True
         self._last_plan_step = None  # type: Optional[int]
         self._needs_reset = True
+        self.send_route = False  # the server's model wants route points (its RESET reply says so)
         self._warned = set()  # type: set
         if not hasattr(self, "_route_gps"):
             self._route_gps, self._route_world = [], []  # type: list, list
@@ -373,13 +383,16 @@ class WamDiffAgent(AutonomousAgent):
     def _ask(self, rgb: np.ndarray, ego: Dict[str, Any], command: str) -> Tuple[Any, str, Optional[float]]:
         cfg = self.config
         if self._needs_reset:
-            self.client.reset("new route" if self._route is not None else "new episode")
+            reset = self.client.reset("new route" if self._route is not None else "new episode")
+            self.send_route = bool(reset.get("route_points", False))
             self._needs_reset = False
         due = self._plan_due or self._last_plan_step is None or self.step - self._last_plan_step >= cfg.plan_every_n_steps
         started = time.perf_counter()
         if due:
             self._plan_due = True  # until a plan reply arrives
-            reply = self.client.plan(rgb.tobytes(), rgb.shape[0], rgb.shape[1], ego, command, cfg.image_encoding)
+            route_xy = self.route_xy(ego["pose"]) if self.send_route else None
+            reply = self.client.plan(rgb.tobytes(), rgb.shape[0], rgb.shape[1], ego, command, cfg.image_encoding,
+                                     route_xy=route_xy)
             self._plan_due, self._last_plan_step = False, self.step
             self.counters["plans"] += 1
             self.last_latency_s = time.perf_counter() - started
@@ -394,6 +407,21 @@ class WamDiffAgent(AutonomousAgent):
         if c["brake"] > 0.0:
             self.counters["brakes"] += 1
         return make_control(c["throttle"], c["steer"], c["brake"]), kind, time.perf_counter() - started
+
+    def route_xy(self, pose: Tuple[float, float, float]) -> Optional[List[List[float]]]:
+        """The dense route around the ego's progress (``route_behind_m`` behind to ``route_ahead_m`` ahead, at most
+        ``route_max_points``) in the ego frame of ``pose``: a plan request's ``route_xy``. None without a route or
+        when it cannot be sent (warned once: the plan goes ahead without it)."""
+        if self._route is None:
+            return None
+        cfg = self.config
+        try:
+            points = to_ego_frame(self._route.points_around(cfg.route_behind_m, cfg.route_ahead_m,
+                                                            cfg.route_max_points), pose)
+            return messages.check_route_xy({"route_xy": points})
+        except (FieldError, ValueError, TypeError) as exc:
+            self._warn_once("route_xy", "cannot send the route to the planner: %s" % (exc,))
+            return None
 
     def _fail(self, kind: str, exc: BaseException) -> Any:
         self.counters[kind] += 1

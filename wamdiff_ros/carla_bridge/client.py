@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import socket  # noqa: F401  (type comments)
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from wamdiff_ros.carla_bridge import messages, protocol
 from wamdiff_ros.carla_bridge.protocol import Frame, MessageType
@@ -98,10 +98,12 @@ class PlannerClient(object):
             return frame
 
     def plan(self, rgb: bytes, height: int, width: int, ego: Dict[str, Any], command: str, encoding: str = "rgb8",
-             timeout_s: Optional[float] = None) -> Dict[str, Any]:
-        """``rgb``: row-major H x W x 3 bytes; ``ego``: ``messages.ego_fields(...)``. Returns the reply header."""
+             timeout_s: Optional[float] = None, route_xy: Optional[List[List[float]]] = None) -> Dict[str, Any]:
+        """``rgb``: row-major H x W x 3 bytes; ``ego``: ``messages.ego_fields(...)``; ``route_xy``: the optional route
+        near the ego, ego frame (``messages.check_route_xy``). Returns the reply header."""
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
-        header, payload = messages.plan_request(rgb, height, width, ego, command, encoding, deadline_s=timeout)
+        header, payload = messages.plan_request(rgb, height, width, ego, command, encoding, deadline_s=timeout,
+                                                route_xy=route_xy)
         return self.request(MessageType.PLAN, header, payload, timeout).header
 
     def control(self, ego: Dict[str, Any], timeout_s: Optional[float] = None) -> Dict[str, Any]:

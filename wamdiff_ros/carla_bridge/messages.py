@@ -1,6 +1,6 @@
 """Message contents of the agent <-> ``wamdiff-serve`` protocol: building a plan request and the checks both sides
-apply to ego state, image and command, so both refuse the same things. Stdlib only, Python 3.7 syntax (it runs in
-the leaderboard's Python)."""
+apply to ego state, image, command and the optional route, so both refuse the same things. Stdlib only, Python 3.7
+syntax (it runs in the leaderboard's Python)."""
 
 from __future__ import annotations
 
@@ -83,15 +83,36 @@ def check_command(header: Dict[str, Any], request_id: Optional[int] = None) -> s
     return command
 
 
+MAX_ROUTE_POINTS = 100  # a plan request's route_xy: the agent sends ~50 m of the ~1 m spaced dense route
+
+
+def check_route_xy(header: Dict[str, Any], request_id: Optional[int] = None) -> Optional[List[List[float]]]:
+    """A plan request's optional ``route_xy``: the route near the ego (ego frame: x forward, y left, metres) as at most
+    ``MAX_ROUTE_POINTS`` [x, y] pairs of finite numbers; None when absent (or null)."""
+    route = header.get("route_xy")
+    if route is None:
+        return None
+    if not isinstance(route, (list, tuple)):
+        raise MalformedMessageError("route_xy", "expected a list of [x, y] points, got %r" % (route,), request_id)
+    if len(route) > MAX_ROUTE_POINTS:
+        raise MalformedMessageError("route_xy", "at most %d points, got %d" % (MAX_ROUTE_POINTS, len(route)),
+                                    request_id)
+    return [_finite_numbers(p, "route_xy[%d]" % i, 2, request_id) for i, p in enumerate(route)]
+
+
 def plan_request(rgb: bytes, height: int, width: int, ego: Dict[str, Any], command: str,
-                 encoding: str = "rgb8", deadline_s: Optional[float] = None) -> Tuple[Dict[str, Any], bytes]:
-    """(JSON header, payload) of a ``PLAN`` request from raw RGB bytes (row-major H x W x 3)."""
+                 encoding: str = "rgb8", deadline_s: Optional[float] = None,
+                 route_xy: Optional[List[List[float]]] = None) -> Tuple[Dict[str, Any], bytes]:
+    """(JSON header, payload) of a ``PLAN`` request from raw RGB bytes (row-major H x W x 3). ``route_xy``: the
+    optional route near the ego in the ego frame (``check_route_xy``), for a model that wants route points."""
     if len(rgb) != height * width * 3:
         raise FieldError("image", "%dx%d RGB needs %d bytes, got %d" % (width, height, height * width * 3, len(rgb)))
     payload = encode_png(rgb, height, width) if encoding == "png" else bytes(rgb)
     header = {"image": {"encoding": encoding, "height": height, "width": width}, "ego": ego, "command": command}
     if deadline_s is not None:
         header["deadline_s"] = float(deadline_s)
+    if route_xy is not None:
+        header["route_xy"] = check_route_xy({"route_xy": route_xy})  # refuse here what the server would refuse
     return header, payload
 
 

@@ -14,12 +14,16 @@ A reply carries its request's id. Messages (JSON header fields; units: m, s, rad
 frame right-handed as in ``wamdiff_ros.world.types``):
 
 - ``PLAN``: ``image`` {encoding "rgb8" (H x W x 3, row-major) | "png", height, width}, ``ego`` (see ``check_ego``),
-  ``command`` (left | right | straight | follow), optional ``deadline_s`` (the client gives up after this long).
+  ``command`` (left | right | straight | follow), optional ``deadline_s`` (the client gives up after this long),
+  optional ``route_xy`` (the route from a little behind the ego to ~45 m ahead along it, ego frame, at most 100
+  [x, y] points; sent only to a server whose model wants route points, see ``RESET_REPLY``).
   Reply ``PLAN_REPLY``: ``plan`` {waypoints [[x, y] x 8], confidence [8], valid, reason, stats}, ``control`` (see
   below), ``latency`` {queue_s, plan_s, server_s}.
 - ``CONTROL``: ``ego`` only; the server's follower steps on the connection's last plan. Reply ``CONTROL_REPLY``:
   ``control``, ``plan_age_s``.
-- ``RESET``: a new route / episode (``reason``); the connection's follower and plan are reset. Reply ``RESET_REPLY``.
+- ``RESET``: a new route / episode (``reason``); the connection's follower and plan are reset. Reply ``RESET_REPLY``:
+  ``reset`` (true), ``route_points`` (whether the model wants route points: then send ``route_xy`` with each plan;
+  absent from older servers = false).
 - ``STATUS``: reply ``STATUS_REPLY`` with the diagnostics ``values`` (the planner node's counter names).
 - ``ERROR`` (reply only): ``code`` (see ``ErrorCode``), ``message``, optional ``field``.
 

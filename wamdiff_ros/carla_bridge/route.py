@@ -119,3 +119,56 @@ class RouteCommands(object):
         if progress >= self.progress_m:
             self._segment, self.progress_m = i, progress
         self.distance_m = d
+
+    def points_between(self, start_m: float, end_m: float) -> List[Tuple[float, float]]:
+        """The route's points whose progress lies in [``start_m``, ``end_m``] (clamped to the route), with the route
+        interpolated at both ends, so the slice covers the range exactly; [] for an empty route or range."""
+        if not self.points:
+            return []
+        if len(self.points) == 1:
+            return list(self.points)
+        start = min(max(float(start_m), 0.0), self.arc[-1])
+        end = min(max(float(end_m), 0.0), self.arc[-1])
+        if end < start:
+            return []
+        out = [self._at(start)]
+        i = bisect.bisect_right(self.arc, start)
+        while i < len(self.arc) and self.arc[i] < end:
+            out.append(self.points[i])
+            i += 1
+        if end > start:
+            out.append(self._at(end))
+        return out
+
+    def points_around(self, behind_m: float = 5.0, ahead_m: float = 45.0,
+                      max_points: int = 100) -> List[Tuple[float, float]]:
+        """The route from ``behind_m`` behind the progress to ``ahead_m`` ahead of it (``points_between``), at most
+        ``max_points`` (>= 2) of them: evenly subsampled, first and last kept."""
+        return subsample(self.points_between(self.progress_m - behind_m, self.progress_m + ahead_m), max_points)
+
+    def _at(self, s: float) -> Tuple[float, float]:
+        """The route's point at progress ``s`` (within [0, arc[-1]]), interpolated."""
+        i = min(max(bisect.bisect_right(self.arc, s) - 1, 0), len(self.points) - 2)
+        length = self.arc[i + 1] - self.arc[i]
+        u = 0.0 if length <= 0.0 else min(max((s - self.arc[i]) / length, 0.0), 1.0)
+        (x0, y0), (x1, y1) = self.points[i], self.points[i + 1]
+        return x0 + u * (x1 - x0), y0 + u * (y1 - y0)
+
+
+def subsample(points: Sequence[Tuple[float, float]], max_points: int) -> List[Tuple[float, float]]:
+    """At most ``max_points`` (>= 2) of ``points``, evenly spaced by index, the first and the last kept."""
+    if max_points < 2:
+        raise FieldError("max_points", "must be >= 2, got %r" % (max_points,))
+    n = len(points)
+    if n <= max_points:
+        return list(points)
+    return [points[int(round(k * (n - 1) / float(max_points - 1)))] for k in range(max_points)]
+
+
+def to_ego_frame(points: Sequence[Tuple[float, float]],
+                 pose: Sequence[float]) -> List[List[float]]:
+    """``points`` (world frame, right-handed) in the ego frame of ``pose`` (x, y, heading: radians, counter-clockwise
+    from the world's x axis): x forward, y left, as [x, y] lists (a plan request's ``route_xy``)."""
+    x0, y0, heading = float(pose[0]), float(pose[1]), float(pose[2])
+    c, s = math.cos(heading), math.sin(heading)
+    return [[c * (x - x0) + s * (y - y0), -s * (x - x0) + c * (y - y0)] for x, y in points]

@@ -7,11 +7,17 @@ without work, only the newest is planned. Each connection has its own waypoint f
 plan reply carries the control for the request's ego state, and ``CONTROL`` requests step the follower on the last
 plan between plans. The follower is reset by a ``RESET`` message (new route / episode) or a jump in sim time.
 
+A model that wants route points (``Planner.wants_route_points``) says so in the ``RESET`` reply (``route_points``);
+the agent then sends the route near the ego (``route_xy``, ego frame) with each plan request, and the server plans
+with ``route_points_ahead(route_xy, (0, 0), 0)``. A route that yields no points is counted as a bad input (the plan
+goes ahead without them); a model that does not want them is called exactly as before route points existed.
+
 Diagnostics (``STATUS``) use the planner node's counter names (``wamdiff_ros.ros.cycle.Counters``) with the same
 meaning: ``frames`` plan requests received, ``planned``, ``dropped`` requests superseded by a newer one before the
 planner took them, ``late`` requests past their deadline (``skipped.timeout``: not planned at all), ``fallback``
 invalid plans (the follower brakes), ``bad_input`` bad frames, messages or planner inputs, ``errors`` model errors,
-``resets`` follower resets; ``inference_p50_ms`` / ``inference_p99_ms`` / ``last_inference_ms``.
+``resets`` follower resets; ``inference_p50_ms`` / ``inference_p99_ms`` / ``last_inference_ms``; ``route_points``
+whether the model wants them, ``route_used`` plans made with them.
 """
 
 from __future__ import annotations
@@ -36,8 +42,9 @@ import numpy as np
 from wamdiff_ros.carla_bridge import messages, protocol
 from wamdiff_ros.carla_bridge.protocol import ErrorCode, Frame, MessageType
 from wamdiff_ros.control import CarlaActuator, FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
-from wamdiff_ros.errors import FieldError, InputError, WamDiffError
+from wamdiff_ros.errors import FieldError, InputError, RouteError, WamDiffError
 from wamdiff_ros.ros.cycle import Counters, LatencyWindow
+from wamdiff_ros.route_points import route_points_ahead
 from wamdiff_ros.world.types import Pose2D
 
 WORLDS = ("carla", "highway_env")
@@ -104,11 +111,13 @@ class _PlanJob:
     command: str
     image: np.ndarray
     received: float  # time.monotonic()
+    route_xy: list | None = None  # the request's optional route near the ego, ego frame
 
 
 class PlannerServer:
     def __init__(self, planner, config: ServeConfig = ServeConfig(), model_name: str = "") -> None:
-        """``planner``: anything with ``plan(image, EgoState, command) -> Plan`` (a ``wamdiff_ros.planner.Planner``)."""
+        """``planner``: anything with ``plan(image, EgoState, command) -> Plan`` (a ``wamdiff_ros.planner.Planner``);
+        one whose ``wants_route_points`` is true also gets ``route=`` (the route points, or None)."""
         from wamdiff_ros.planner import EgoState  # torch, only where a model runs
 
         self._ego_state = EgoState
@@ -118,6 +127,7 @@ class PlannerServer:
         self.dropped = 0
         self.controls = 0
         self.connections = 0
+        self.route_used = 0  # plans made with route points
         self.inference = LatencyWindow()
         self.last_inference_s = math.nan
         self.address = ""
@@ -184,6 +194,8 @@ class PlannerServer:
             values["dropped"] = self.dropped
             values["controls"] = self.controls
             values["connections"] = self.connections
+            values["route_used"] = self.route_used
+        values["route_points"] = self.wants_route_points
         for q in (50, 99):
             p = self.inference.percentile(q)
             values[f"inference_p{q}_ms"] = round(1e3 * p, 3) if math.isfinite(p) else None
@@ -192,6 +204,11 @@ class PlannerServer:
         values["model"] = self.model_name
         values["world"] = self.config.world
         return values
+
+    @property
+    def wants_route_points(self) -> bool:
+        """Whether the planner's model wants route points (a planner without the property does not)."""
+        return bool(getattr(self.planner, "wants_route_points", False))
 
     def _count(self, **increments: int) -> None:
         with self._stats:
@@ -253,7 +270,8 @@ class PlannerServer:
                 elif frame.msg_type == MessageType.RESET:
                     session.reset()
                     self._count(resets=1)
-                    self._reply(sock, MessageType.RESET_REPLY, frame.request_id, {"reset": True})
+                    self._reply(sock, MessageType.RESET_REPLY, frame.request_id,
+                                {"reset": True, "route_points": self.wants_route_points})
                 elif frame.msg_type == MessageType.STATUS:
                     self._reply(sock, MessageType.STATUS_REPLY, frame.request_id, {"values": self.status_values()})
                 else:
@@ -286,7 +304,8 @@ class PlannerServer:
         deadline = h.get("deadline_s", self.config.request_timeout_s)
         if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0:
             raise protocol.MalformedMessageError("deadline_s", f"expected seconds > 0, got {deadline!r}", rid)
-        return _PlanJob(frame, ego, command, image, time.monotonic())
+        route_xy = messages.check_route_xy(h, rid)
+        return _PlanJob(frame, ego, command, image, time.monotonic(), route_xy)
 
     def _supersede(self, sock: socket.socket, jobs: list[_PlanJob]) -> None:
         for job in jobs:
@@ -319,10 +338,15 @@ class PlannerServer:
             self._reply_error(sock, rid, ErrorCode.TIMEOUT,
                               f"waited {waited:.3f} s for the planner, past the request's deadline {deadline:.3f} s")
             return
+        wants_route = self.wants_route_points
+        route = self._route_points(job) if wants_route else None
         t0 = time.perf_counter()
         try:
-            plan = self.planner.plan(job.image, self._ego_state(tuple(ego["velocity"]), tuple(ego["acceleration"])),
-                                     job.command)
+            ego_state = self._ego_state(tuple(ego["velocity"]), tuple(ego["acceleration"]))
+            if wants_route:
+                plan = self.planner.plan(job.image, ego_state, job.command, route=route)
+            else:  # the paper's prompt, exactly as before route points existed
+                plan = self.planner.plan(job.image, ego_state, job.command)
         except InputError as exc:
             self._count(bad_input=1)
             self._set_error(str(exc))
@@ -337,6 +361,9 @@ class PlannerServer:
         plan_s = time.perf_counter() - t0
         self.inference.add(plan_s)
         self.last_inference_s = plan_s
+        if route is not None:
+            with self._stats:
+                self.route_used += 1
         self._count(planned=1, fallback=0 if plan.valid else 1)
         if session.time_jumped(ego["t"]):
             self._count(resets=1)
@@ -359,6 +386,19 @@ class PlannerServer:
                         "server_s": round(server_s, 6)},
         }
         self._reply(sock, MessageType.PLAN_REPLY, rid, header)
+
+    def _route_points(self, job: _PlanJob) -> np.ndarray | None:
+        """The route points (``fmt.ROUTE_AHEAD_M`` ahead along the request's ``route_xy``, ego frame); None without
+        a route of >= 2 points, or (counted as a bad input, logged) when they cannot be computed."""
+        if job.route_xy is None or len(job.route_xy) < 2:
+            return None
+        try:
+            return route_points_ahead(job.route_xy, (0.0, 0.0), 0.0)
+        except RouteError as exc:
+            self._count(bad_input=1)
+            self._set_error(f"route_xy: {exc}")
+            self._log(f"request {job.frame.request_id}: planning without route points: {exc}")
+            return None
 
     def _control(self, sock: socket.socket, session: Session, frame: Frame) -> None:
         ego = messages.check_ego(frame.header, frame.request_id)
