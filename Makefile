@@ -105,10 +105,10 @@ ifeq ($(PLAN),$(SHIPPED_PLAN))
 endif
 	$(VENV)/bin/wamdiff-train hierarchy --plan $(PLAN)
 
-# The hierarchy's final student -> the package's default model (wamdiff_ros/assets/wamdiff-tiny + model card).
+# The hierarchy's final student (its last polish round, else Stage III's run) -> the package's default model
+# (wamdiff_ros/assets/wamdiff-tiny + model card).
 ship-tiny: $(STAMP)
-	$(VENV)/bin/wamdiff-train export --checkpoint $(PLAN_ROOT)/student/cross_scale --plan $(PLAN) \
-		--out wamdiff_ros/assets/wamdiff-tiny --results training/results
+	$(VENV)/bin/wamdiff-train export --plan $(PLAN) --out wamdiff_ros/assets/wamdiff-tiny --results training/results
 
 # training/RESULTS.md (and training/results/l2_curve.png) from the logged JSON in training/results/: seconds.
 results: $(STAMP)

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 try:
@@ -78,7 +79,13 @@ def test_the_card_describes_the_plan_that_trained_the_model(tmp_path):
     v7 = export.stages_text(str(plan.with_name("tiny_hierarchy_v7.yaml")))  # a second round for the student only
     assert "2 DAgger rounds driven by the student's B = 32 model (2500 steps at that B; the teacher: 1 round)" in v7
     assert "student/adapt_dagger/r01" in v7 and "under `out/tiny_hierarchy_v6` and taken over (`reuse`)" in v7
+    v13 = export.stages_text(str(plan.with_name("tiny_hierarchy_v13.yaml")))  # v6's student polished on-policy
+    assert ("1 on-policy round, starting from `out/tiny_hierarchy_v13/init/wamdiff-tiny-v6` (each 60 fresh episodes "
+            "per scenario driven by the student alone, the expert labelling every frame; 1500 steps at B = 32 on "
+            "the world export and the recoveries plus the rounds' exports)") in v13
     assert train_main(["export", "--checkpoint", str(run), "--out", str(out), "--plan", str(tmp_path / "no.yaml")]) == 2
+    with pytest.raises(SystemExit):  # neither a checkpoint nor a plan to take the final student from
+        train_main(["export", "--out", str(out)])
 
 
 def test_export_refuses_what_it_cannot_ship(tmp_path, capsys, monkeypatch):
@@ -113,3 +120,15 @@ def test_eval_summary_quotes_the_students_paused_score(tmp_path):
     (tmp_path / "closed_loop.json").write_text(json.dumps({"entries": {"student": {"status": "ok", "groups": groups}}}))
     assert export.eval_summary(tmp_path) == {"driving_score": 50.0, "ci90": [45.5, 54.5], "episodes": 100,
                                              "mode": "paused", "source": "training/RESULTS.md"}
+
+
+def test_export_takes_the_plans_final_student_without_a_checkpoint(tmp_path, capsys):
+    run = _run(tmp_path)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"root": str(tmp_path)}))
+    out = tmp_path / "shipped"
+    assert train_main(["export", "--plan", str(plan), "--out", str(out), "--results", str(tmp_path / "none")]) == 0
+    assert f"exported {run / 'checkpoints' / 'step-000002'}" in capsys.readouterr().out
+    plan.write_text(yaml.safe_dump({"root": str(tmp_path), "polish": {"steps": 1}}))  # its polish round: not run
+    assert train_main(["export", "--plan", str(plan), "--out", str(out)]) == 2
+    assert "student/polish/r01" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from wamdiff_training import checkpoint
 from wamdiff_training.cli import main
 from wamdiff_training.config import ConfigError, load_config
 from wamdiff_training.engine import build_bundle
-from wamdiff_training.hierarchy import CONFIGS, ensure_data, load_plan, plan_steps
+from wamdiff_training.hierarchy import CONFIGS, ensure_data, final_run, load_plan, plan_steps
 
 
 def test_hierarchy_runs_in_order_skips_what_is_done_and_resumes(tmp_path, capsys):
@@ -595,4 +595,51 @@ def test_a_model_can_take_more_adapt_dagger_rounds_than_the_plan(tmp_path):
     plan["teacher"]["adapt_dagger_rounds"] = 0
     path.write_text(yaml.safe_dump(plan))
     with pytest.raises(ConfigError, match="must be >= 1"):
+        load_plan(path)
+
+
+def test_polish_rounds_follow_stage_three_driven_by_the_final_student(tmp_path):
+    plan = {"root": str(tmp_path / "h"), "scenarios": "highway", "episodes": 3, "batch_size": 2, "ar_steps": 1,
+            "curriculum": [1, 4], "adapt_steps": 1, "distill_teacher_block": 1,
+            "dagger": {"rounds": 2, "episodes": 2, "steps": 1},
+            "adapt_dagger": {"rounds": 1, "episodes": 5, "steps": 1},
+            "recoveries": {"samples": 1},
+            "polish": {"rounds": 2, "episodes": 7, "expert_share": 0.0, "steps": 4, "lr": 1e-4}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    loaded = load_plan(path)
+    steps = {s.name: s for s in plan_steps(loaded)}
+    names = list(steps)
+    root = Path(plan["root"])
+    polish = root / "student" / "polish"
+    assert names[names.index("student/cross_scale") + 1:names.index("student/ablation/direct")] == [
+        "student/polish/r01/data", "student/polish/r01", "student/polish/r02/data", "student/polish/r02"]
+    assert final_run(loaded) == polish / "r02"
+    first = steps["student/polish/r01/data"].overrides
+    assert f"driver=@run:{root / 'student' / 'cross_scale'}" in first and "expert_share=0.0" in first
+    assert "seed_offset=12" in first  # after the world's 3, the AR rounds' 2 x 2 and the B = 4 round's 5
+    assert "seed_offset=19" in steps["student/polish/r02/data"].overrides
+    assert f"driver=@run:{polish / 'r01'}" in steps["student/polish/r02/data"].overrides
+    train = steps["student/polish/r02"]
+    assert (train.stage, train.steps, f"model.init=@run:{polish / 'r01'}") == ("adapt", 4, train.overrides[-2])
+    config = load_config(CONFIGS / "tiny_adapt.yaml", [o for o in train.overrides if "@run:" not in o])
+    assert config.adapt.block_size == 4 and config.train.lr == 1e-4
+    everything = [Path(p) for p in load_config(CONFIGS / "tiny_adapt.yaml", [
+        o for o in steps["student/cross_scale"].overrides if o.startswith("data.train=")]).data.train]
+    rounds = [polish / f"r0{r}" / "data" / "train.json" for r in (1, 2)]
+    assert [Path(p) for p in config.data.train] == [*everything, *rounds]  # the student's data so far, then these
+    assert not any("teacher" in str(p) for p in config.data.train)
+
+    # "world": the world export and the recoveries only; init: a model folder polished as it is
+    path.write_text(yaml.safe_dump({**plan, "polish": {**plan["polish"], "data": "world", "rounds": 1,
+                                                       "expert_share": [0.0], "init": str(tmp_path / "shipped")}}))
+    steps = {s.name: s for s in plan_steps(load_plan(path))}
+    assert f"driver={tmp_path / 'shipped'}" in steps["student/polish/r01/data"].overrides
+    train = steps["student/polish/r01"]
+    assert f"model.init={tmp_path / 'shipped'}" in train.overrides
+    config = load_config(CONFIGS / "tiny_adapt.yaml", train.overrides)
+    assert [Path(p) for p in config.data.train] == [root / "data" / "train.json", root / "recoveries" / "train.json",
+                                                    polish / "r01" / "data" / "train.json"]
+    path.write_text(yaml.safe_dump({**plan, "polish": {**plan["polish"], "data": "some"}}))
+    with pytest.raises(ConfigError, match="polish.data"):
         load_plan(path)

@@ -364,6 +364,14 @@ def test_ar_rows_are_the_last_dagger_round_of_the_plan(fake, tmp_path):
     assert [t.label for t in results.with_ar(results.CLOSED_LOOP, ar) if t.key == "ar"] == \
         ["AR model (student/dagger/r02)"]
     assert results.with_ar(results.OPEN_LOOP, {}) == results.OPEN_LOOP
+    polished = tmp_path / "polished.yaml"  # with polish rounds the final student is the last one
+    polished.write_text(PLAN + "polish: {rounds: 2, episodes: 1, steps: 1}\n")
+    final = results.final_ar_runs(results.load_hierarchy_plan(str(polished), root), root)
+    assert final == {"teacher/ar": "teacher/ar", "student/ar": "student/ar", "student/cross_scale": "student/polish/r02"}
+    assert [(t.run, t.label) for t in results.with_ar(results.CLOSED_LOOP, final) if t.key == "student"] == [
+        ("student/polish/r02", "final student (student/polish/r02: Stage III, then on-policy rounds at B=32)")]
+    assert {t.run for t in results.with_ar(results.OPEN_LOOP, final) if t.key == results.SWEPT} == {"student/polish/r02"}
+    assert {t.run for t in results.DIVERGENCE + results.ABLATION} >= {"student/cross_scale"}  # Stage III's own rows
 
     out = tmp_path / "results"
     assert train_main(["results", "evaluate", "--root", str(root), "--out", str(out), "--work", str(tmp_path / "work"),

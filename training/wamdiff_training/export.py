@@ -109,6 +109,17 @@ def stages_text(plan_path: str | None) -> str:
                   f"{plan.distill_teacher_block} model{anchor}")
     parts.append(f"Stage III cross-scale distillation from the teacher's B = {plan.curriculum[-1]} model into this "
                  f"student ({plan.cross_scale_steps} steps{anchor})")
+    if plan.polish is not None:
+        q, big = plan.polish, plan.curriculum[-1]
+        shares = sorted({q.share(r) for r in range(1, q.rounds + 1)})
+        driver = "the student alone" if shares == [0.0] else \
+            f"the student, the expert driving a share {'/'.join(f'{v:g}' for v in shares)} of the intervals"
+        data = "its data so far" if q.data == "all" else \
+            "the world export" + (" and the recoveries" if plan.recoveries is not None else "")
+        start = "" if q.init is None else f", starting from `{q.init}`"
+        parts.append(f"{q.rounds} on-policy round{'s' if q.rounds > 1 else ''}{start} (each {q.episodes} fresh "
+                     f"episodes per scenario driven by {driver}, the expert labelling every frame; {q.steps} steps "
+                     f"at B = {big} on {data} plus the rounds' exports)")
     reused = "" if plan.reuse is None else (f" The runs {', '.join(plan.reuse.runs)} were trained by the plan "
                                             f"under `{plan.reuse.root}` and taken over (`reuse`).")
     return f"- Stages (`wamdiff-train hierarchy --plan {plan_path}`): " + " -> ".join(parts) + "." + reused
@@ -239,14 +250,22 @@ def _smoke(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="wamdiff-train export", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True, help="a checkpoint folder or a run's out.dir (its latest)")
+    p.add_argument("--checkpoint", default=None,
+                   help="a checkpoint folder or a run's out.dir (its latest); default: --plan's final student "
+                        "(its last polish round, else student/cross_scale)")
     p.add_argument("--out", required=True, help="the model folder to (re)write")
     p.add_argument("--results", default="training/results", help="logged results for the card's metrics")
     p.add_argument("--name", default="wamdiff-tiny")
     p.add_argument("--plan", default=None, help="the hierarchy plan that trained it (the card's stages and steps)")
     args = p.parse_args(argv)
+    if args.checkpoint is None and args.plan is None:
+        p.error("give --checkpoint, or --plan to export its final student")
     out = Path(args.out)
     try:
+        if args.checkpoint is None:
+            from wamdiff_training.hierarchy import final_run, load_plan
+
+            args.checkpoint = str(final_run(load_plan(args.plan)))
         ckpt = copy_checkpoint(args.checkpoint, out)
         _smoke(out)
         (out / "README.md").write_text(model_card(out, ckpt, Path(args.results), args.name, args.plan))

@@ -15,7 +15,7 @@ import fnmatch
 import logging
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -77,6 +77,28 @@ class DaggerPlan:
 
 
 @dataclass(slots=True)
+class PolishPlan(DaggerPlan):
+    """On-policy rounds for the final student, after Stage III: round r exports ``episodes`` fresh training
+    episodes per scenario driven by the student so far (``expert_share`` of the intervals by the expert; 0: the
+    student alone, so the states are the ones it drives into), labelled by the expert, then trains ``steps`` more
+    Stage I steps at the curriculum's last B on ``data`` plus every polish round so far. Its last round is the
+    final student (``final_run``)."""
+
+    # beside the rounds' own exports: "all" = the student's data so far (the world export, extra_data, the
+    # recoveries and every DAgger round's), "world" = the plan's world export and its recoveries only, "rounds" =
+    # the recoveries only
+    data: str = "all"
+    # the model to polish (a model folder, a checkpoint or a run folder) instead of the plan's student/cross_scale:
+    # a final student whose runs are not on this machine, e.g. a shipped model exported from them
+    init: str | None = None
+
+    def __post_init__(self) -> None:
+        DaggerPlan.__post_init__(self)
+        if self.data not in ("all", "world", "rounds"):
+            raise ConfigError("hierarchy", "polish.data", f"'all', 'world' or 'rounds', got {self.data!r}")
+
+
+@dataclass(slots=True)
 class RecoveryPlan:
     """Lane recoveries (``wamdiff-data recoveries``) exported once beside the world data and trained on by every
     run, as the mix group ``plan/recovery`` with ``weight``."""
@@ -129,6 +151,7 @@ class HierarchyPlan:
     cross_scale_block_share: float = 0.0
     dagger: DaggerPlan | None = None
     adapt_dagger: DaggerPlan | None = None  # rounds driven by each model's B = 32 model, after its Stage I
+    polish: PolishPlan | None = None  # on-policy rounds for the final student, after Stage III
     ablations: bool = True  # the student's ablation runs after the main chain (see plan_steps)
     ar_in_place_weight: float = 0.0  # ar.in_place_weight of every AR run (pretraining and DAgger rounds)
     ar_lr: float | None = None  # the AR pretraining runs' learning rate; None: the AR config's
@@ -173,12 +196,13 @@ def load_plan(path: str | Path) -> HierarchyPlan:
     if "root" not in raw:
         raise ConfigError(str(path), "root", "missing: the folder every run of the hierarchy writes into")
     for key, kind in (("teacher", ModelPlan), ("student", ModelPlan), ("dagger", DaggerPlan),
-                      ("adapt_dagger", DaggerPlan), ("recoveries", RecoveryPlan), ("reuse", ReusePlan)):
+                      ("adapt_dagger", DaggerPlan), ("polish", PolishPlan), ("recoveries", RecoveryPlan),
+                      ("reuse", ReusePlan)):
         if raw.get(key) is not None:
-            unknown = set(raw[key]) - set(kind.__slots__)
+            names = [f.name for f in fields(kind)]
+            unknown = set(raw[key]) - set(names)
             if unknown:
-                raise ConfigError(str(path), f"{key}.{sorted(unknown)[0]}",
-                                  f"unknown key; known: {', '.join(kind.__slots__)}")
+                raise ConfigError(str(path), f"{key}.{sorted(unknown)[0]}", f"unknown key; known: {', '.join(names)}")
             raw[key] = kind(**raw[key])
     plan = HierarchyPlan(**raw)
     for name, upper in (("cross_scale_ce_weight", math.inf), ("cross_scale_block_share", 1.0)):
@@ -242,6 +266,7 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
             *(f"data.task_weights.{task}={w}" for task, w in weights.items())]
     steps: list[Step] = []
     commons: dict[str, list[str]] = {}  # each model's training data (with any DAgger rounds') for the later stages
+    datasets: dict[str, list[Path]] = {}  # the same data as files (a polish round with data: all trains on it)
     # a model that trains on the other's DAgger exports comes after it, so its rounds find their data exported
     order = ("student", "teacher") if plan.teacher.dagger_from == "student" else ("teacher", "student")
     for who in order:
@@ -259,7 +284,7 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
         previous = ar_dir
         files = list(data)
         if plan.dagger is not None:
-            previous, files = _dagger_steps(plan, who, previous, base, steps, files)
+            previous, files = _dagger_steps(plan, who, previous, base, steps, files, "dagger")
             common = commons[who] = [_union(files), *base]
         for b, phase_steps in zip(plan.curriculum, adapt_schedule(plan, m)):
             out = root / who / "adapt" / f"b{b:02d}"
@@ -267,8 +292,9 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
                 *common, f"model.init=@run:{previous}", f"adapt.block_size={b}"]))
             previous = out
         if plan.adapt_dagger is not None:
-            previous, files = _dagger_steps(plan, who, previous, base, steps, files, diffusion=True)
+            previous, files = _dagger_steps(plan, who, previous, base, steps, files, "adapt_dagger")
             common = commons[who] = [_union(files), *base]
+        datasets[who] = files
         small = root / who / "adapt" / f"b{plan.distill_teacher_block:02d}"
         steps.append(Step(f"{who}/distill", "distill", "tiny_distill", root / who / "distill", plan.distill_steps, [
             *common, f"model.init=@run:{previous}", f"distill.teacher=@run:{small}",
@@ -280,6 +306,13 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
                           f"cross_scale.teacher=@run:{root / 'teacher' / 'distill'}",
                           "cross_scale.teacher_kind=diffusion", f"cross_scale.block_size={plan.curriculum[-1]}",
                           *_ce_weight(plan), *_block_share(plan)]))
+    if plan.polish is not None:
+        p = plan.polish
+        files = datasets["student"] if p.data == "all" else [
+            *([plan.data_dir / "train.json"] if p.data == "world" else []),
+            *([recovery_data(plan)] if plan.recoveries is not None else [])]
+        start = root / "student" / "cross_scale" if p.init is None else Path(p.init)
+        _dagger_steps(plan, "student", start, base, steps, files, "polish")
     if plan.ablations:
         steps += ablation_steps(plan, common)
     return steps
@@ -291,6 +324,12 @@ def adapt_dagger_rounds(plan: HierarchyPlan, who: str) -> int:
         return 0
     own = getattr(plan, who).adapt_dagger_rounds
     return plan.adapt_dagger.rounds if own is None else own
+
+
+def final_run(plan: HierarchyPlan) -> Path:
+    """The student the hierarchy ends with (the one to ship): its last polish round, else Stage III's run."""
+    root = Path(plan.root) / "student"
+    return root / "cross_scale" if plan.polish is None else root / "polish" / f"r{plan.polish.rounds:02d}"
 
 
 def ar_run(plan: HierarchyPlan, who: str) -> Path:
@@ -320,33 +359,38 @@ def _union(files: list[Path]) -> str:
 
 
 def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str], steps: list[Step],
-                  files: list[Path], diffusion: bool = False) -> tuple[Path, list[Path]]:
-    """Appends ``who``'s DAgger rounds to ``steps`` (``plan.dagger``'s AR rounds, or with ``diffusion``
-    ``plan.adapt_dagger``'s: driven by the B = 32 model, trained with Stage I's loss at that B); returns the last
-    round's run and the data files (``files`` plus every round's) the rest of ``who``'s chain trains on. A model
-    with ``dagger_from`` exports nothing: its round r trains on the lender's exports of rounds 1..r."""
-    d, root = plan.adapt_dagger if diffusion else plan.dagger, Path(plan.root)
+                  files: list[Path], kind: str) -> tuple[Path, list[Path]]:
+    """Appends ``who``'s DAgger rounds of ``kind`` to ``steps``: ``plan.dagger``'s AR rounds, ``plan.adapt_dagger``'s
+    (driven by the B = 32 model, trained with Stage I's loss at that B) or ``plan.polish``'s (the same, after Stage
+    III, the student only); returns the last round's run and the data files (``files`` plus every round's) the rest
+    of ``who``'s chain trains on. A model with ``dagger_from`` exports nothing in the first two: its round r trains
+    on the lender's exports of rounds 1..r. ``previous`` is a run folder (``@run:``, resolved when the step starts)
+    or, for a polish ``init``, a model folder or checkpoint taken as it is."""
+    d, root = getattr(plan, kind), Path(plan.root)
     model: ModelPlan = getattr(plan, who)
-    round_steps = model.dagger_steps if model.dagger_steps is not None else d.steps
-    folder = "adapt_dagger" if diffusion else "dagger"
-    # fresh training seeds: after the plan's episodes and every earlier round's (AR rounds first)
-    first = d.seed_offset if d.seed_offset is not None else \
-        plan.episodes + (plan.dagger.rounds * plan.dagger.episodes if diffusion and plan.dagger else 0)
+    round_steps = model.dagger_steps if model.dagger_steps is not None and kind != "polish" else d.steps
+    lender = None if kind == "polish" else model.dagger_from
+    # fresh training seeds: after the plan's episodes and every earlier round's (AR rounds, then B = 32 rounds)
+    earlier = [plan.dagger.rounds * plan.dagger.episodes if plan.dagger and kind != "dagger" else 0,
+               adapt_dagger_rounds(plan, who) * plan.adapt_dagger.episodes if kind == "polish" and plan.adapt_dagger
+               else 0]
+    first = d.seed_offset if d.seed_offset is not None else plan.episodes + sum(earlier)
     weights = [f"data.task_weights.{task}={w}" for task, w in (d.task_weights or {}).items()]
     lr = [] if d.lr is None else [f"train.lr={d.lr}"]
-    stage = ("adapt", "tiny_adapt", [f"adapt.block_size={plan.curriculum[-1]}"]) if diffusion else \
-        ("ar", "tiny_ar", [f"ar.in_place_weight={plan.ar_in_place_weight}"])
+    stage = ("ar", "tiny_ar", [f"ar.in_place_weight={plan.ar_in_place_weight}"]) if kind == "dagger" else \
+        ("adapt", "tiny_adapt", [f"adapt.block_size={plan.curriculum[-1]}"])
     files = list(files)
-    for r in range(1, (adapt_dagger_rounds(plan, who) if diffusion else d.rounds) + 1):
-        run_dir = root / who / folder / f"r{r:02d}"
-        if model.dagger_from is None:
-            steps.append(Step(f"{who}/{folder}/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
-                f"driver=@run:{previous}", f"seed_offset={first + (r - 1) * d.episodes}", f"episodes={d.episodes}",
+    for r in range(1, (adapt_dagger_rounds(plan, who) if kind == "adapt_dagger" else d.rounds) + 1):
+        run_dir = root / who / kind / f"r{r:02d}"
+        given = kind == "polish" and r == 1 and d.init is not None and not (previous / "checkpoints").is_dir()
+        source = str(previous) if given else f"@run:{previous}"
+        if lender is None:
+            steps.append(Step(f"{who}/{kind}/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
+                f"driver={source}", f"seed_offset={first + (r - 1) * d.episodes}", f"episodes={d.episodes}",
                 f"expert_share={d.share(r)}"]))
-        files.append((root / model.dagger_from / folder / f"r{r:02d}" if model.dagger_from else run_dir) / "data"
-                     / "train.json")
-        steps.append(Step(f"{who}/{folder}/r{r:02d}", stage[0], stage[1], run_dir, round_steps, [
-            _union(files), *base, *weights, *lr, f"model.init=@run:{previous}", *stage[2]]))
+        files.append((root / lender / kind / f"r{r:02d}" if lender else run_dir) / "data" / "train.json")
+        steps.append(Step(f"{who}/{kind}/r{r:02d}", stage[0], stage[1], run_dir, round_steps, [
+            _union(files), *base, *weights, *lr, f"model.init={source}", *stage[2]]))
         previous = run_dir
     return previous, files
 

@@ -110,20 +110,27 @@ def load_hierarchy_plan(plan_path: str | None, root: Path):
 
 def final_ar_runs(plan, root: Path) -> dict[str, str]:
     """{"teacher/ar": run, "student/ar": run}: each model's final AR run under the hierarchy plan (its last DAgger
-    round when the plan has rounds, ``hierarchy.ar_run``), relative to ``root``; {} without a plan (the plain
-    ``<who>/ar`` runs)."""
+    round when the plan has rounds, ``hierarchy.ar_run``), relative to ``root``, and with polish rounds
+    {"student/cross_scale": the last round} (``hierarchy.final_run``: the final student of the open-loop and
+    closed-loop tables; the ablations and ρ5 keep Stage III's run); {} without a plan (the plain runs)."""
     if plan is None:
         return {}
     from wamdiff_training import hierarchy
 
-    return {f"{who}/ar": str(hierarchy.ar_run(plan, who).relative_to(root)) for who in ("teacher", "student")}
+    runs = {f"{who}/ar": str(hierarchy.ar_run(plan, who).relative_to(root)) for who in ("teacher", "student")}
+    if plan.polish is not None:
+        runs["student/cross_scale"] = str(hierarchy.final_run(plan).relative_to(root))
+    return runs
 
 
 def with_ar(targets: tuple[Target, ...], ar: dict[str, str]) -> tuple[Target, ...]:
-    """``targets`` with each AR run (and its name in the label) replaced by the model's final AR run."""
+    """``targets`` with each AR run (and its name in the label) replaced by the model's final AR run (and the
+    final student's, ``final_ar_runs``)."""
     def label(t: Target) -> str:
         if t.run not in ar or ar[t.run] == t.run:
             return t.label
+        if t.run == "student/cross_scale":  # the polished final student
+            return f"{t.label.split(' (')[0]} ({ar[t.run]}: Stage III, then on-policy rounds at B=32)"
         return t.label.replace(t.run, ar[t.run]) if t.run in t.label else f"{t.label} ({ar[t.run]})"
 
     return tuple(Target(t.key, ar.get(t.run, t.run), label(t)) for t in targets)
