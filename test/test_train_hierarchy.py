@@ -537,6 +537,12 @@ def test_reuse_plan_trains_the_earlier_plans_runs_first_and_names_its_root(tmp_p
     (old / "student" / "ar" / "checkpoints" / "step-000001").mkdir()
     dry = {name: what for name, what, _ in hierarchy.run(plan, dry_run=True, only=["student/ar"])}
     assert dry == {"student/ar": f"to run in {old / 'student' / 'ar'} (at step 1), then reused"}
+    polished = load_plan_from(tmp_path / "later", {"root": str(new), "ar_steps": 2, "polish": {"steps": 1},
+                                                   "reuse": {"plan": str(earlier), "runs": ["student/*"]}})
+    only = ["student/ar", "student/polish/*"]
+    dry = {name: what for name, what, _ in hierarchy.run(polished, dry_run=True, only=only)}
+    assert dry["student/ar"].startswith("to run in ")  # the earlier plan's run, matched by student/*
+    assert dry["student/polish/r01"] == "to run (0/1 steps)"  # matched too, but the earlier plan has no such step
     for reuse, message in (({"runs": ["student/ar"]}, "reuse.plan"),
                            ({"plan": str(earlier), "root": str(tmp_path / "x"), "runs": []}, "not reuse.plan's root")):
         with pytest.raises(ConfigError, match=re.escape(message)):

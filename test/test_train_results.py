@@ -367,10 +367,12 @@ def test_ar_rows_are_the_last_dagger_round_of_the_plan(fake, tmp_path):
     polished = tmp_path / "polished.yaml"  # with polish rounds the final student is the last one
     polished.write_text(PLAN + "polish: {rounds: 2, episodes: 1, steps: 1}\n")
     final = results.final_ar_runs(results.load_hierarchy_plan(str(polished), root), root)
-    assert final == {"teacher/ar": "teacher/ar", "student/ar": "student/ar", "student/cross_scale": "student/polish/r02"}
+    assert final == {"teacher/ar": "teacher/ar", "student/ar": "student/ar",
+                     "student/cross_scale": "student/polish/r02"}
     assert [(t.run, t.label) for t in results.with_ar(results.CLOSED_LOOP, final) if t.key == "student"] == [
         ("student/polish/r02", "final student (student/polish/r02: Stage III, then on-policy rounds at B=32)")]
-    assert {t.run for t in results.with_ar(results.OPEN_LOOP, final) if t.key == results.SWEPT} == {"student/polish/r02"}
+    swept = {t.run for t in results.with_ar(results.OPEN_LOOP, final) if t.key == results.SWEPT}
+    assert swept == {"student/polish/r02"}
     assert {t.run for t in results.DIVERGENCE + results.ABLATION} >= {"student/cross_scale"}  # Stage III's own rows
 
     out = tmp_path / "results"

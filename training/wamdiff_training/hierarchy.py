@@ -494,8 +494,11 @@ def _is_done(step: Step, out_dir: Path) -> bool:
 
 def _reuse_source(plan: HierarchyPlan, step: Step) -> Path | None:
     """The earlier run folder ``plan.reuse`` would take ``step`` over from, done there or not; None when the plan
-    reuses nothing for it or the step has begun here."""
+    reuses nothing for it, the earlier plan (``reuse.plan``) has no such step (the step is this plan's own, e.g. a
+    polish round after the earlier plan's chain) or the step has begun here."""
     if plan.reuse is None or not any(fnmatch.fnmatchcase(step.name, p) for p in plan.reuse.runs):
+        return None
+    if plan.reuse.plan is not None and step.name not in {s.name for s in plan_steps(load_plan(plan.reuse.plan))}:
         return None
     begun = step.out_dir if step.stage == "dagger-data" else step.out_dir / "checkpoints"
     if begun.exists() or begun.is_symlink():
