@@ -83,6 +83,11 @@ def test_the_card_describes_the_plan_that_trained_the_model(tmp_path):
     assert ("1 on-policy round, starting from `out/tiny_hierarchy_v13/init/wamdiff-tiny-v6` (each 60 fresh episodes "
             "per scenario driven by the student alone, the expert labelling every frame; 1500 steps at B = 32 on "
             "the world export and the recoveries plus the rounds' exports)") in v13
+    rounds_only = tmp_path / "rounds_only.yaml"
+    rounds_only.write_text(yaml.safe_dump({"root": "r", "polish": {"data": "rounds", "expert_share": 0.2}}))
+    text = export.stages_text(str(rounds_only))
+    assert ("driven by the student, the expert driving a share 0.2 of the intervals, the expert labelling every "
+            "frame; 2500 steps at B = 32 on nothing else plus the rounds' exports)") in text
     assert train_main(["export", "--checkpoint", str(run), "--out", str(out), "--plan", str(tmp_path / "no.yaml")]) == 2
     with pytest.raises(SystemExit):  # neither a checkpoint nor a plan to take the final student from
         train_main(["export", "--out", str(out)])

@@ -370,7 +370,7 @@ def test_ar_rows_are_the_last_dagger_round_of_the_plan(fake, tmp_path):
     assert final == {"teacher/ar": "teacher/ar", "student/ar": "student/ar",
                      "student/cross_scale": "student/polish/r02"}
     assert [(t.run, t.label) for t in results.with_ar(results.CLOSED_LOOP, final) if t.key == "student"] == [
-        ("student/polish/r02", "final student (student/polish/r02: Stage III, then on-policy rounds at B=32)")]
+        ("student/polish/r02", "final student (student/polish/r02: Stage III, then on-policy rounds)")]
     swept = {t.run for t in results.with_ar(results.OPEN_LOOP, final) if t.key == results.SWEPT}
     assert swept == {"student/polish/r02"}
     assert {t.run for t in results.DIVERGENCE + results.ABLATION} >= {"student/cross_scale"}  # Stage III's own rows

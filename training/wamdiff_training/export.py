@@ -114,8 +114,9 @@ def stages_text(plan_path: str | None) -> str:
         shares = sorted({q.share(r) for r in range(1, q.rounds + 1)})
         driver = "the student alone" if shares == [0.0] else \
             f"the student, the expert driving a share {'/'.join(f'{v:g}' for v in shares)} of the intervals"
-        data = "its data so far" if q.data == "all" else \
-            "the world export" + (" and the recoveries" if plan.recoveries is not None else "")
+        recoveries = ["the recoveries"] if plan.recoveries is not None else []
+        data = " and ".join({"all": ["its data so far"], "world": ["the world export", *recoveries],
+                             "rounds": recoveries}[q.data]) or "nothing else"
         start = "" if q.init is None else f", starting from `{q.init}`"
         parts.append(f"{q.rounds} on-policy round{'s' if q.rounds > 1 else ''}{start} (each {q.episodes} fresh "
                      f"episodes per scenario driven by {driver}, the expert labelling every frame; {q.steps} steps "

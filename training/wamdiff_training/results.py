@@ -130,7 +130,7 @@ def with_ar(targets: tuple[Target, ...], ar: dict[str, str]) -> tuple[Target, ..
         if t.run not in ar or ar[t.run] == t.run:
             return t.label
         if t.run == "student/cross_scale":  # the polished final student
-            return f"{t.label.split(' (')[0]} ({ar[t.run]}: Stage III, then on-policy rounds at B=32)"
+            return f"{t.label.split(' (')[0]} ({ar[t.run]}: Stage III, then on-policy rounds)"
         return t.label.replace(t.run, ar[t.run]) if t.run in t.label else f"{t.label} ({ar[t.run]})"
 
     return tuple(Target(t.key, ar.get(t.run, t.run), label(t)) for t in targets)
