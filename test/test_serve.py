@@ -329,8 +329,8 @@ def stub_server(tmp_path):
 
     servers = []
 
-    def start(seconds=0.0, unix=False, **config):
-        server = PlannerServer(_SlowPlanner(seconds), ServeConfig(**config), model_name="stub")
+    def start(seconds=0.0, unix=False, planner=None, **config):
+        server = PlannerServer(planner or _SlowPlanner(seconds), ServeConfig(**config), model_name="stub")
         address = server.bind(port=0, unix=str(tmp_path / "w.sock") if unix else None)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
@@ -443,32 +443,12 @@ class _RecordingPlanner(_SlowPlanner):
         return super().plan(image, ego, command)
 
 
-@pytest.fixture
-def route_server():
-    from wamdiff_ros.carla_bridge.server import PlannerServer, ServeConfig
-
-    servers = []
-
-    def start(planner):
-        server = PlannerServer(planner, ServeConfig(), model_name="route")
-        address = server.bind(port=0)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        servers.append((server, thread))
-        return server, address
-
-    yield start
-    for server, thread in servers:
-        server.stop()
-        thread.join(timeout=5)
-
-
 STRAIGHT = [[float(x), 0.5] for x in range(-5, 46)]  # ego frame: the route 0.5 m to the left, 5 m behind to 45 ahead
 
 
-def test_server_passes_route_points_to_a_model_that_wants_them(route_server):
+def test_server_passes_route_points_to_a_model_that_wants_them(stub_server):
     planner = _RecordingPlanner(wants=True)
-    server, address = route_server(planner)
+    server, address = stub_server(planner=planner)
     with PlannerClient(address, timeout_s=5.0) as client:
         assert client.reset("new route") == {"reset": True, "route_points": True}
         reply = client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=STRAIGHT)
@@ -483,9 +463,9 @@ def test_server_passes_route_points_to_a_model_that_wants_them(route_server):
     assert values["planned"] == 3 and values["bad_input"] == 0
 
 
-def test_server_plans_without_route_points_it_cannot_compute(route_server):
+def test_server_plans_without_route_points_it_cannot_compute(stub_server):
     planner = _RecordingPlanner(wants=True)
-    server, address = route_server(planner)
+    server, address = stub_server(planner=planner)
     with PlannerClient(address, timeout_s=5.0) as client:
         reply = client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=[[3.0, 1.0]] * 4)  # zero length
         assert reply["plan"]["valid"]
@@ -495,9 +475,9 @@ def test_server_plans_without_route_points_it_cannot_compute(route_server):
     assert values["last_error"].startswith("route_xy: route path: has zero length")
 
 
-def test_server_refuses_a_malformed_route_xy(route_server):
+def test_server_refuses_a_malformed_route_xy(stub_server):
     planner = _RecordingPlanner(wants=True)
-    _, address = route_server(planner)
+    _, address = stub_server(planner=planner)
     with PlannerClient(address, timeout_s=5.0) as client:
         header, payload = messages.plan_request(_image().tobytes(), 128, 256, EGO, "left")
         header["route_xy"] = [[0.0, 0.0], [1.0]]
@@ -509,9 +489,9 @@ def test_server_refuses_a_malformed_route_xy(route_server):
 
 
 @pytest.mark.parametrize("wants", [False, None])
-def test_server_never_passes_route_to_a_model_that_does_not_want_them(route_server, wants):
+def test_server_never_passes_route_to_a_model_that_does_not_want_them(stub_server, wants):
     planner = _RecordingPlanner(wants=wants)
-    _, address = route_server(planner)
+    _, address = stub_server(planner=planner)
     with PlannerClient(address, timeout_s=5.0) as client:
         assert client.reset("new route") == {"reset": True, "route_points": False}
         client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=STRAIGHT)
@@ -533,7 +513,7 @@ def _recorded(monkeypatch, planner):
     return calls
 
 
-def test_real_planners_route_points_end_to_end(route_server, monkeypatch, tmp_path):
+def test_real_planners_route_points_end_to_end(stub_server, monkeypatch, tmp_path):
     """The packaged model (route_points false) gets no ``route=``; a tiny checkpoint with ``route_points: true`` in
     its wamdiff.json gets the points, and its prompt carries the route line."""
     from wamdiff_ros import format as fmt
@@ -554,7 +534,7 @@ def test_real_planners_route_points_end_to_end(route_server, monkeypatch, tmp_pa
     real_prompt = fmt.plan_prompt
     monkeypatch.setattr(fmt, "plan_prompt", lambda *a, **k: prompts.append(real_prompt(*a, **k)) or prompts[-1])
     for planner in (shipped, route_model):
-        _, address = route_server(planner)
+        _, address = stub_server(planner=planner)
         with PlannerClient(address, timeout_s=120.0) as client:
             assert client.reset("new route")["route_points"] is planner.wants_route_points
             reply = client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=STRAIGHT)
