@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import logging
 import math
 import sys
@@ -492,13 +493,20 @@ def _is_done(step: Step, out_dir: Path) -> bool:
     return (out_dir / "train.json").is_file() if step.stage == "dagger-data" else _done_steps(out_dir) >= step.steps
 
 
+@functools.lru_cache(maxsize=8)
+def _step_names(plan_path: str, mtime_ns: int) -> frozenset[str]:
+    """The step names of the plan file (read once per version of the file: asked for every step of a later plan)."""
+    return frozenset(s.name for s in plan_steps(load_plan(plan_path)))
+
+
 def _reuse_source(plan: HierarchyPlan, step: Step) -> Path | None:
     """The earlier run folder ``plan.reuse`` would take ``step`` over from, done there or not; None when the plan
     reuses nothing for it, the earlier plan (``reuse.plan``) has no such step (the step is this plan's own, e.g. a
     polish round after the earlier plan's chain) or the step has begun here."""
     if plan.reuse is None or not any(fnmatch.fnmatchcase(step.name, p) for p in plan.reuse.runs):
         return None
-    if plan.reuse.plan is not None and step.name not in {s.name for s in plan_steps(load_plan(plan.reuse.plan))}:
+    if plan.reuse.plan is not None and step.name not in _step_names(plan.reuse.plan,
+                                                                    Path(plan.reuse.plan).stat().st_mtime_ns):
         return None
     begun = step.out_dir if step.stage == "dagger-data" else step.out_dir / "checkpoints"
     if begun.exists() or begun.is_symlink():
