@@ -413,6 +413,76 @@ def test_a_model_can_train_on_the_other_models_dagger_exports_without_driving(tm
             load_plan(path)
 
 
+def test_with_wait_a_step_waits_for_what_another_process_makes(tmp_path, caplog):
+    import logging
+    import threading
+    import time
+
+    from wamdiff_training.hierarchy import Step, _await_inputs
+
+    lent, pred = tmp_path / "student" / "dagger" / "r01" / "data" / "train.json", tmp_path / "teacher" / "ar"
+    step = Step("teacher/dagger/r01", "ar", "tiny_ar", tmp_path / "teacher" / "dagger" / "r01", 2,
+                [f"data.train=[{lent}]", f"model.init=@run:{pred}"])
+    planned = {pred: 2}
+    with pytest.raises(ConfigError, match="is not exported yet"):  # no wait: stop, naming the missing file
+        _await_inputs(step, planned, 0)
+
+    def at_step(n: int) -> None:  # the other process's checkpoints, as checkpoint.save leaves the pointer
+        (pred / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (pred / "checkpoints" / "latest").write_text(f"step-{n:06d}")
+
+    def other_process() -> None:
+        time.sleep(0.1)
+        lent.parent.mkdir(parents=True)
+        lent.write_text("[]")
+        time.sleep(0.1)
+        at_step(1)  # half-way: starting from it would be silent
+        time.sleep(0.1)
+        at_step(2)
+
+    worker = threading.Thread(target=other_process)
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="wamdiff_training"):
+        worker.start()
+        _await_inputs(step, planned, 0.02)
+    worker.join()
+    assert time.monotonic() - started >= 0.3
+    said = [r.getMessage() for r in caplog.records if "waits" in r.getMessage()]
+    assert len(said) == 3  # each new thing it waits for, once
+    assert "is not exported yet" in said[0] and "has no checkpoint yet" in said[1] and "at step 1 of 2" in said[2]
+
+    with pytest.raises(SystemExit):  # the CLI refuses a negative interval before anything runs
+        main(["hierarchy", "--wait", "x"])
+    assert main(["hierarchy", "--plan", str(CONFIGS / "tiny_hierarchy.yaml"), "--wait", "-1", "--dry-run"]) == 2
+
+
+def test_two_processes_export_the_world_data_once(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import wamdiff_ros.world.dataset as dataset
+
+    plan = load_plan_from(tmp_path, {"root": str(tmp_path / "h"), "episodes": 4})
+    calls = []
+
+    def export(argv):  # slow enough that the second process asks while the first one writes
+        calls.append(argv)
+        time.sleep(0.2)
+        out = Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        for split in ("train", "val", "test"):
+            (out / f"{split}.json").write_text("[]")
+        return 0
+
+    monkeypatch.setattr(dataset, "main", export)
+    others = [threading.Thread(target=ensure_data, args=(plan, False)) for _ in range(2)]
+    for t in others:
+        t.start()
+    for t in others:
+        t.join()
+    assert len(calls) == 1
+
+
 def test_a_continuation_plan_reads_earlier_data_starts_from_earlier_models_and_adds_recoveries(tmp_path, monkeypatch):
     import wamdiff_ros.world.dataset as dataset
 

@@ -16,6 +16,8 @@ import functools
 import logging
 import math
 import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -455,6 +457,35 @@ def ablation_steps(plan: HierarchyPlan, common: list[str]) -> list[Step]:
     ]
 
 
+def _missing_input(step: Step, planned: dict[Path, int]) -> ConfigError | None:
+    """Why ``step`` cannot start yet, or None: a DAgger export it trains on (maybe another model's) is not
+    there, or a run it starts from (or, for an export, drives with) has not reached its planned steps."""
+    for override in step.overrides:
+        if override.startswith("data.train="):
+            missing = [f for f in override.partition("=")[2].strip("[]").split(",") if not Path(f).is_file()]
+            if missing:
+                return ConfigError("hierarchy", step.name, f"its training data {missing[0]} is not exported yet")
+        try:
+            _resolve(override, planned)
+        except ConfigError as exc:
+            return exc
+    return None
+
+
+def _await_inputs(step: Step, planned: dict[Path, int], wait: float) -> None:
+    """Returns once ``step`` can start; raises what it lacks, or with ``wait`` > 0 polls every ``wait`` seconds
+    (logging each new thing it waits for) while another process makes it."""
+    missing, said = _missing_input(step, planned), None
+    while missing is not None:
+        if wait <= 0:
+            raise missing
+        if str(missing) != said:
+            log.info("hierarchy: %s waits (every %g s): %s", step.name, wait, missing)
+            said = str(missing)
+        time.sleep(wait)
+        missing = _missing_input(step, planned)
+
+
 def _resolve(override: str, planned: dict[Path, int]) -> str:
     """``key=@run:<dir>`` -> ``key=<dir's last checkpoint>``; refused while that run has not reached its planned
     steps (another process may still be training it: starting from its half-way checkpoint would be silent)."""
@@ -536,7 +567,27 @@ def link_reused(plan: HierarchyPlan, steps: list[Step], dry_run: bool = False) -
     return reused
 
 
+@contextmanager
+def _export_lock(plan: HierarchyPlan):
+    """Held while the plan's world data and recoveries are checked and exported: a second process (the other
+    model's chain) waits for the first one's export instead of writing into the same folders."""
+    import fcntl
+
+    Path(plan.root).mkdir(parents=True, exist_ok=True)
+    with open(Path(plan.root) / ".export.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def ensure_data(plan: HierarchyPlan, progress: bool) -> Path:
+    with _export_lock(plan):
+        return _ensure_data(plan, progress)
+
+
+def _ensure_data(plan: HierarchyPlan, progress: bool) -> Path:
     ensure_recoveries(plan, progress)
     out = plan.data_dir
     if (out / "train.json").is_file() and (out / "test.json").is_file():
@@ -561,11 +612,14 @@ def _selected(name: str, *patterns: list[str] | None) -> bool:
 
 
 def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
-        only: list[str] | None = None, within: list[str] | None = None) -> list[tuple[str, str, Path | None]]:
+        only: list[str] | None = None, within: list[str] | None = None,
+        wait: float = 0.0) -> list[tuple[str, str, Path | None]]:
     """Runs what is missing; returns (step, what happened, its last checkpoint) per step. ``only``: glob patterns
     of step names (e.g. ``student/*``) to run a part, say the teacher's and the student's chains in two processes;
-    a step whose predecessor has no checkpoint yet stops with an error naming it. The earlier plan of ``reuse`` runs
-    first, its reused steps only, and of those only the ones ``only`` selects too (``within``, passed down)."""
+    a step whose predecessor has not finished or whose DAgger data is not exported yet stops with an error naming
+    it, or with ``wait`` > 0 checks again every ``wait`` seconds until it is there (the other process makes it).
+    The earlier plan of ``reuse`` runs first, its reused steps only, and of those only the ones ``only`` selects too
+    (``within``, passed down)."""
     from wamdiff_training.engine import train
     from wamdiff_training.stages import STAGES
 
@@ -575,7 +629,7 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
         return report
     if plan.reuse is not None and plan.reuse.plan is not None and not dry_run:  # the earlier plan's runs first
         run(load_plan(plan.reuse.plan), progress, only=plan.reuse.runs,
-            within=(only or []) if within is None else within)  # the caller's own selection, all the way down
+            within=(only or []) if within is None else within, wait=wait)  # the caller's selection, all the way down
     if not dry_run:
         ensure_data(plan, progress)
     planned = {step.out_dir: step.steps for step in steps}
@@ -594,6 +648,7 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
             elif dry_run:
                 report.append((step.name, "to export", None))
             else:
+                _await_inputs(step, planned, wait)
                 driver = _resolve(next(o for o in step.overrides if o.startswith("driver=")), planned)
                 log.info("hierarchy: %s (DAgger export driven by %s)", step.name, driver.partition("=")[2])
                 export_dagger(plan, step, driver.partition("=")[2], progress)
@@ -611,11 +666,7 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False,
             else:
                 report.append((step.name, f"to run ({done}/{step.steps} steps)", None))
             continue
-        for override in step.overrides:  # a DAgger export it trains on (maybe another model's) must be there
-            if override.startswith("data.train="):
-                missing = [f for f in override.partition("=")[2].strip("[]").split(",") if not Path(f).is_file()]
-                if missing:
-                    raise ConfigError("hierarchy", step.name, f"its training data {missing[0]} is not exported yet")
+        _await_inputs(step, planned, wait)
         overrides = [_resolve(o, planned) for o in step.overrides] + [
             f"train.steps={step.steps}", f"train.warmup={min(20, max(1, step.steps // 10))}", f"out.dir={step.out_dir}"]
         config = load_config(CONFIGS / f"{step.base}.yaml", overrides)
@@ -634,6 +685,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="override a plan field, e.g. --set root=out/tiny --set ar_steps=100")
     p.add_argument("--only", default=None, metavar="GLOBS",
                    help="comma-separated step-name patterns to run, e.g. 'teacher/*' (default: every step)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="a step whose predecessor or DAgger data another process is still making waits for it, "
+                        "checking every SECONDS (default 0: stop with an error naming it)")
     p.add_argument("--dry-run", action="store_true", help="list the steps and what is done, run nothing")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -646,7 +700,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("--set", key, "not a plain plan field")
             setattr(plan, key, yaml.safe_load(value))
         only = [g.strip() for g in args.only.split(",") if g.strip()] if args.only else None
-        report = run(plan, progress=not args.no_progress, dry_run=args.dry_run, only=only)
+        if args.wait < 0:
+            raise ValueError(f"--wait: seconds >= 0, got {args.wait}")
+        report = run(plan, progress=not args.no_progress, dry_run=args.dry_run, only=only, wait=args.wait)
     except (ConfigError, OSError, RuntimeError, ValueError) as exc:
         print(f"wamdiff-train hierarchy: error: {exc}", file=sys.stderr)
         return 2
