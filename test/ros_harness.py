@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from nav_msgs.msg import Odometry, Path as PathMsg
