@@ -447,7 +447,7 @@ def test_with_wait_a_step_waits_for_what_another_process_makes(tmp_path, caplog)
         _await_inputs(step, planned, 0.02)
     worker.join()
     assert time.monotonic() - started >= 0.3
-    said = [r.getMessage() for r in caplog.records if "waits" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
     assert len(said) == 3  # each new thing it waits for, once
     assert "is not exported yet" in said[0] and "has no checkpoint yet" in said[1] and "at step 1 of 2" in said[2]
 

@@ -480,7 +480,7 @@ def _await_inputs(step: Step, planned: dict[Path, int], wait: float) -> None:
         if wait <= 0:
             raise missing
         if str(missing) != said:
-            log.info("hierarchy: %s waits (every %g s): %s", step.name, wait, missing)
+            log.info("%s; waiting (checking every %g s)", missing, wait)
             said = str(missing)
         time.sleep(wait)
         missing = _missing_input(step, planned)
