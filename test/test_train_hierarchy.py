@@ -448,8 +448,9 @@ def test_with_wait_a_step_waits_for_what_another_process_makes(tmp_path, caplog)
     worker.join()
     assert time.monotonic() - started >= 0.3
     said = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
-    assert len(said) == 3  # each new thing it waits for, once
-    assert "is not exported yet" in said[0] and "has no checkpoint yet" in said[1] and "at step 1 of 2" in said[2]
+    assert len(said) == len(set(said)) and "is not exported yet" in said[0]  # each new thing it waits for, once
+    kinds = ("is not exported yet", "has no checkpoint yet", "at step 1 of 2")  # a busy machine may poll past one
+    assert all(any(k in line for k in kinds) for line in said)
 
     with pytest.raises(SystemExit):  # the CLI refuses a negative interval before anything runs
         main(["hierarchy", "--wait", "x"])
