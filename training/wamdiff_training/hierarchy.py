@@ -574,12 +574,9 @@ def _export_lock(plan: HierarchyPlan):
     import fcntl
 
     Path(plan.root).mkdir(parents=True, exist_ok=True)
-    with open(Path(plan.root) / ".export.lock", "w") as lock:
+    with open(Path(plan.root) / ".export.lock", "w") as lock:  # closing the file releases the lock
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield
 
 
 def ensure_data(plan: HierarchyPlan, progress: bool) -> Path:
