@@ -153,8 +153,13 @@ def test_detection_metrics_by_hand():
 @pytest.mark.parametrize("command", list(fmt.Command))
 def test_plan_inputs_rebuild_the_prompt(command):
     user = fmt.plan_prompt(command, (6.25, -0.5), (-1.75, 0.0))
-    ego, parsed = evaluation.plan_inputs(Record("r", Path("x.png"), user, "", "plan"))
-    assert parsed is command and fmt.plan_prompt(parsed, ego.velocity, ego.acceleration) == user
+    ego, parsed, route = evaluation.plan_inputs(Record("r", Path("x.png"), user, "", "plan"))
+    assert parsed is command and route is None and fmt.plan_prompt(parsed, ego.velocity, ego.acceleration) == user
+    points = np.array([[10.0, -0.77], [29.24, -4.17]])
+    user = fmt.plan_prompt(command, (6.25, -0.5), (-1.75, 0.0), points)
+    ego, parsed, route = evaluation.plan_inputs(Record("r", Path("x.png"), user, "", "plan"))
+    np.testing.assert_array_equal(route, points)  # a route-line prompt is rebuilt with its route, as trained
+    assert fmt.plan_prompt(parsed, ego.velocity, ego.acceleration, route) == user
     question = evaluation.question_of(Record("q", Path("x.png"), fmt.ask_prompt("Is the lane free?"), "", "ask"))
     assert question == "Is the lane free?"
 

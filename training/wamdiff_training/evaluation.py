@@ -110,12 +110,14 @@ def labels_of(paths: list[str]) -> list[str]:
     return out
 
 
-def plan_inputs(record: Record) -> tuple[EgoState, fmt.Command]:
-    """Ego state and command from the planning prompt (2-decimal floats: ``plan_prompt`` rebuilds it exactly)."""
+def plan_inputs(record: Record) -> tuple[EgoState, fmt.Command, np.ndarray | None]:
+    """Ego state, command and route points (None without a route line) from the planning prompt (2-decimal floats:
+    ``plan_prompt`` rebuilds it exactly)."""
     m = _PLAN_TEXT.search(record.user)
     if m is None or m["cmd"] not in _COMMANDS:
         raise RecordError(record.source, "not a planning prompt (no command / velocity / acceleration)", field="user")
-    return EgoState((float(m["vx"]), float(m["vy"])), (float(m["ax"]), float(m["ay"]))), _COMMANDS[m["cmd"]]
+    ego = EgoState((float(m["vx"]), float(m["vy"])), (float(m["ax"]), float(m["ay"])))
+    return ego, _COMMANDS[m["cmd"]], fmt.parse_route_line(record.user)
 
 
 def question_of(record: Record) -> str:
@@ -294,8 +296,8 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
         reference = fmt.parse_waypoints(r.answer)
         if not reference.valid:
             raise RecordError(r.source, f"the plan answer does not parse ({reference.reason})", field="answer")
-        ego, command = plan_inputs(r)
-        plans.append(planner.plan(images[r.image_path], ego, command))
+        ego, command, route = plan_inputs(r)  # the prompt as trained: with its route line where the record has one
+        plans.append(planner.plan(images[r.image_path], ego, command, route))
         references.append(reference.waypoints)
         baselines.append(constant_velocity_plan(ego))
         groups.append(behaviour_of(r.meta))
