@@ -94,6 +94,23 @@ def test_at_an_intersection_each_route_bends_to_its_own_side():
     np.testing.assert_array_equal(world.route_points(), world.route_points(world.route))
 
 
+@pytest.mark.parametrize("scenario", ["highway", "intersection"])
+def test_the_published_route_polyline_gives_the_worlds_route_points(scenario):
+    """What the ROS bridge publishes (``World.route_centre`` in the odometry frame) read back the node's way
+    (``route_points_ahead`` from the ego pose) is ``World.route_points``, along the way into a junction. Not on the
+    roundabout's entries: highway-env's sine lanes count metres along their straight axis, not along the curve, so
+    there the world's 30 m point lies up to ~4.5 m further on than the polyline's."""
+    from wamdiff_ros.route_points import ROUTE_PATH_M, route_points_ahead
+
+    world = World(SET.get(scenario), _seed("left") if scenario == "intersection" else 0, SET)
+    for _ in range(6):
+        pose = world.ego_pose
+        read = route_points_ahead(world.route_centre(ROUTE_PATH_M), (pose.x, pose.y), pose.heading)
+        np.testing.assert_allclose(read, world.route_points(), atol=0.3)
+        for _ in range(15):
+            world.step(0.0, 0.0)
+
+
 def test_the_points_are_the_session_38_prototypes():
     """Pinned: the lines the prototype (a monkey patch that exported train seeds 900.. with --counterfactual-commands)
     wrote for intersection train seed 900 (exit straight); frame 5 is perturbed. Data exported with it is compared
@@ -215,7 +232,7 @@ def test_decode_meta_round_trips_route_points_and_old_files_load_without(tmp_pat
     assert DecodeMeta().route_points is False
     shipped = json.loads((Path(__file__).resolve().parents[1] / "wamdiff_ros/assets/wamdiff-tiny" / META_FILE)
                          .read_text())
-    assert "route_points" not in shipped and DecodeMeta(**shipped).route_points is False  # older files: False
+    assert shipped["route_points"] is True  # the shipped student (v12) was trained with the route line
     bundle = tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8, route_points=True), hidden=64, layers=2)
     folder = save_checkpoint(bundle, tmp_path / "ckpt")
     assert json.loads((folder / META_FILE).read_text())["route_points"] is True

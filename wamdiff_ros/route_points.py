@@ -15,6 +15,11 @@ import numpy as np
 from wamdiff_ros import format as fmt
 from wamdiff_ros.errors import RouteError
 
+# What a route source publishes for it in the CPU world (the ROS bridge's route/path): the route lane's centre every
+# metre from the ego's projection to 60 m ahead, past ``fmt.ROUTE_AHEAD_M``'s farthest point (on a roundabout's ring
+# 5 m chords put the 30 m point 4 m off the arc's).
+ROUTE_PATH_M = tuple(float(d) for d in range(0, 61))
+
 
 def route_points_ahead(path_xy, ego_xy, ego_yaw: float, distances=fmt.ROUTE_AHEAD_M) -> np.ndarray:
     """The route ``distances`` metres (default ``fmt.ROUTE_AHEAD_M``) ahead of the ego along the polyline

@@ -26,7 +26,7 @@ TINY_NODE_PARAMS = ("block_size:=32", "steps:=4", "schedule:=static")
 def planner_command(model: str, node_params: list[str]) -> list[str]:
     """The planner node on the bridge's topics, on sim time, reading images reliably (the bridge waits for plans)."""
     remaps = {"image": "/camera/front/image_raw", "camera_info": "/camera/front/camera_info",
-              "odometry": "/odom", "command": "/route/command"}
+              "odometry": "/odom", "command": "/route/command", "route": "/route/path"}
     args = ["-p", "use_sim_time:=true", "-p", "blackbox_dir:=none", "-p", "image_reliability:=reliable",
             "-p", f"model:={model}"]
     for param in node_params:

@@ -3,7 +3,8 @@
 The same contract as Bench2Drive's ROS 2 mode (carla-ros-bridge in passive synchronous mode): the world advances
 only when the bridge ticks. Each tick it applies the newest plan through the ``WaypointFollower`` and the highway-env
 actuator, steps the world by 1 / sim_hz, and publishes ``/clock`` and the ego's odometry; every
-sim_hz / camera_hz ticks it also publishes the navigation command, camera_info and the rendered front camera. With
+sim_hz / camera_hz ticks it also publishes the navigation command, the route (nav_msgs/Path in the odometry frame,
+the route lane's centre 0-60 m ahead), camera_info and the rendered front camera. With
 ``sync`` the world then waits for the plan of that frame (up to ``sync_timeout_s`` wall seconds), so results do not
 depend on CPU speed; without it the world runs free, paced by ``real_time_factor``.
 
@@ -24,6 +25,7 @@ from pathlib import Path
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from nav_msgs.msg import Odometry
+from nav_msgs.msg import Path as PathMsg
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.clock import Clock, ClockType
 from rclpy.exceptions import ParameterException
@@ -40,6 +42,7 @@ from wamdiff_ros.ros import bridge_msgs as bm
 from wamdiff_ros.ros.bridge_episode import Episode
 from wamdiff_ros.ros.bridge_sync import PlanTracker, PoseHistory, TickGate
 from wamdiff_ros.ros.conversions import rgb_to_image
+from wamdiff_ros.route_points import ROUTE_PATH_M
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
 from wamdiff_ros.world.scenarios import load_scenarios
 from wamdiff_ros.world.sim import World
@@ -48,7 +51,7 @@ from wamdiff_ros.world.types import wrap_angle
 NODE_NAME = "wamdiff_highway_bridge"
 # Sensor topics as a simulator names them (planner.launch.py's defaults); relative, so a namespace moves them all.
 TOPICS = {"image": "camera/front/image_raw", "camera_info": "camera/front/camera_info", "odometry": "odom",
-          "command": "route/command", "plan": "wamdiff_planner/output/plan"}
+          "command": "route/command", "route": "route/path", "plan": "wamdiff_planner/output/plan"}
 CLOCK_START_NS = 1_000_000_000  # many ROS tools read a zero stamp as "unset"
 REPUBLISH_WALL_S = 1.0  # while the planner is not up yet, the first frame is sent again this often
 ADVANCE_BUDGET_WALL_S = 0.02  # the stepping loop yields to the executor after this much work
@@ -111,6 +114,7 @@ class HighwayBridge(Node):
         self._info_pub = self.create_publisher(CameraInfo, TOPICS["camera_info"], reliable)
         self._odom_pub = self.create_publisher(Odometry, TOPICS["odometry"], 20)
         self._command_pub = self.create_publisher(DrivingCommand, TOPICS["command"], latched)
+        self._route_pub = self.create_publisher(PathMsg, TOPICS["route"], latched)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_subscription(PlannerOutput, TOPICS["plan"], self._on_plan, 10)
 
@@ -261,6 +265,7 @@ class HighwayBridge(Node):
         if ep.ticks % self.frame_every or not camera:
             return
         self._command_pub.publish(bm.command_msg(world.command, ns))
+        self._route_pub.publish(bm.path_msg(ns, world.route_centre(ROUTE_PATH_M), self._param("odom_frame")))
         self._info_pub.publish(bm.camera_info_msg(self.camera_config, ns, self._param("camera_frame")))
         image = ep.camera.render(pose, world.others()).image
         self._image_pub.publish(rgb_to_image(image, bm.time_ns(ns), self._param("camera_frame")))

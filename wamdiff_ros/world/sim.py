@@ -291,6 +291,12 @@ class World:
         r = self.route if route is None else route
         return self.ego_pose.to_ego(mirror(r.centre_ahead(self._k, self.ego.position, fmt.ROUTE_AHEAD_M)))
 
+    def route_centre(self, distances) -> np.ndarray:
+        """The centre of the world's route lane nearest the ego, ``distances`` metres ahead of it along the route,
+        (N, 2) in the world frame (``ego_pose``'s): the polyline a route source publishes (the ROS bridge's
+        ``route/path``), from which ``route_points_ahead`` reads what ``route_points`` gives directly."""
+        return mirror(self.route.centre_ahead(self._k, self.ego.position, distances))
+
     def _id(self, obj: object) -> int:
         """A stable actor id, never reused (Python recycles id() of freed objects, so the object is kept)."""
         if id(obj) not in self._actors:
