@@ -514,16 +514,17 @@ def _recorded(monkeypatch, planner):
 
 
 def test_real_planners_route_points_end_to_end(stub_server, monkeypatch, tmp_path):
-    """The packaged model (route_points false) gets no ``route=``; a tiny checkpoint with ``route_points: true`` in
-    its wamdiff.json gets the points, and its prompt carries the route line."""
+    """A model without route points (route_points false) gets no ``route=``; a tiny checkpoint with
+    ``route_points: true`` in its wamdiff.json gets the points, and its prompt carries the route line."""
     from wamdiff_ros import format as fmt
     from wamdiff_ros.decoding.settings import DecodeSettings
     from wamdiff_ros.model import DecodeMeta, load, save_checkpoint, tiny_random
     from wamdiff_ros.planner import Planner
 
-    shipped = Planner.from_pretrained()
-    assert not shipped.wants_route_points
-    shipped_calls = _recorded(monkeypatch, shipped)
+    plain = Planner(tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8), hidden=64, layers=2),
+                    DecodeSettings(block_size=8, steps=4, schedule="static"))
+    assert not plain.wants_route_points
+    plain_calls = _recorded(monkeypatch, plain)
     bundle = tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8, route_points=True), hidden=64, layers=2)
     folder = save_checkpoint(bundle, tmp_path / "ckpt")
     assert json.loads((folder / "wamdiff.json").read_text())["route_points"] is True
@@ -533,13 +534,13 @@ def test_real_planners_route_points_end_to_end(stub_server, monkeypatch, tmp_pat
     prompts = []
     real_prompt = fmt.plan_prompt
     monkeypatch.setattr(fmt, "plan_prompt", lambda *a, **k: prompts.append(real_prompt(*a, **k)) or prompts[-1])
-    for planner in (shipped, route_model):
+    for planner in (plain, route_model):
         _, address = stub_server(planner=planner)
         with PlannerClient(address, timeout_s=120.0) as client:
             assert client.reset("new route")["route_points"] is planner.wants_route_points
             reply = client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=STRAIGHT)
             assert np.asarray(reply["plan"]["waypoints"]).shape == (8, 2)
-    assert shipped_calls == [{}]
+    assert plain_calls == [{}]
     assert list(route_calls[0]) == ["route"]
     np.testing.assert_allclose(route_calls[0]["route"], [[10.0, 0.5], [30.0, 0.5]], atol=1e-9)
     assert not fmt.has_route_line(prompts[0])
