@@ -16,8 +16,9 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.errors import RouteError
 
 # What a route source publishes for it in the CPU world (the ROS bridge's route/path): the route lane's centre every
-# metre from the ego's projection to 60 m ahead, past ``fmt.ROUTE_AHEAD_M``'s farthest point (on a roundabout's ring
-# 5 m chords put the 30 m point 4 m off the arc's).
+# metre from the ego's projection to 60 m ahead, past ``fmt.ROUTE_AHEAD_M``'s farthest point. ``World.route_points``
+# counts lane coordinates, which on highway-env's sine lanes (roundabout entries) run longer than the curve: there the
+# two differ by up to ~4.5 m at 30 m.
 ROUTE_PATH_M = tuple(float(d) for d in range(0, 61))
 
 

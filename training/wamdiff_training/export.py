@@ -199,8 +199,9 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str
         "kinds; it has never seen a real image.",
         "- Tiny capacity: boxes and answers are far from a real VLA's; driving skill is what the closed-loop table "
         "says and no more.",
-        "- Junctions: the tiny students of this pipeline do not begin a turn at a junction, nor give way before "
-        "one (they cross straight on and fail commanded turns; the package README's Limitations).",
+        "- Junctions are the weakest part: at the intersection most failed routes end inside the junction (the "
+        "package README's Limitations). A model trained with route points (`route_points` in wamdiff.json) needs "
+        "the route: without it it plans from a prompt it was not trained on.",
         "- Every figure above comes from `training/results/*.json` (regenerate `training/RESULTS.md` with "
         "`make results`).",
         "",
