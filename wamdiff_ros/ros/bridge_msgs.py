@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 from builtin_interfaces.msg import Time
-from geometry_msgs.msg import PoseStamped, Twist, TwistStamped
-from nav_msgs.msg import Odometry, Path
+from geometry_msgs.msg import Twist, TwistStamped
+from nav_msgs.msg import Odometry
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import CameraInfo
 
@@ -55,20 +55,6 @@ def odometry_msg(ns: int, pose: Pose2D, velocity_ego: tuple[float, float], yaw_r
     msg.pose.pose.orientation = conv.quaternion_from_yaw(pose.heading)
     msg.twist.twist.linear.x, msg.twist.twist.linear.y = float(velocity_ego[0]), float(velocity_ego[1])
     msg.twist.twist.angular.z = float(yaw_rate)
-    return msg
-
-
-def path_msg(ns: int, points: np.ndarray, frame_id: str) -> Path:
-    """A route polyline, (N, 2) points in ``frame_id``, as a nav_msgs/Path (what the planner node's
-    ``~/input/route`` takes)."""
-    msg = Path()
-    msg.header.stamp, msg.header.frame_id = time_ns(ns), frame_id
-    for x, y in np.asarray(points, dtype=np.float64):
-        pose = PoseStamped()
-        pose.header = msg.header
-        pose.pose.position.x, pose.pose.position.y = float(x), float(y)
-        pose.pose.orientation.w = 1.0
-        msg.poses.append(pose)
     return msg
 
 

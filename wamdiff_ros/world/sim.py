@@ -288,14 +288,13 @@ class World:
         shape (2, 2). ``route``: the world's own (default) or one of ``alternative_routes()`` (read from the ego's
         segment of the world's route, which they share while offered). Near the route's end the points stay at the
         end of its last lane."""
-        r = self.route if route is None else route
-        return self.ego_pose.to_ego(mirror(r.centre_ahead(self._k, self.ego.position, fmt.ROUTE_AHEAD_M)))
+        return self.ego_pose.to_ego(self.route_centre(fmt.ROUTE_AHEAD_M, route))
 
-    def route_centre(self, distances) -> np.ndarray:
-        """The centre of the world's route lane nearest the ego, ``distances`` metres ahead of it along the route,
-        (N, 2) in the world frame (``ego_pose``'s): the polyline a route source publishes (the ROS bridge's
-        ``route/path``), from which ``route_points_ahead`` reads what ``route_points`` gives directly."""
-        return mirror(self.route.centre_ahead(self._k, self.ego.position, distances))
+    def route_centre(self, distances, route: Route | None = None) -> np.ndarray:
+        """The centre of the route lane nearest the ego, ``distances`` metres ahead of it along ``route`` (default the
+        world's own), (N, 2) in the world frame (``ego_pose``'s): also the polyline a route source publishes (the ROS
+        bridge's ``route/path``), from which ``route_points_ahead`` reads what ``route_points`` gives directly."""
+        return mirror((self.route if route is None else route).centre_ahead(self._k, self.ego.position, distances))
 
     def _id(self, obj: object) -> int:
         """A stable actor id, never reused (Python recycles id() of freed objects, so the object is kept)."""
