@@ -3,7 +3,8 @@ parallel worker processes (one torch thread each), scored as Bench2Drive does; w
 table, bird's-eye plots and front-camera videos. ``wamdiff-eval lane-probe``: does the model's plan follow its pose
 in the lane (``wamdiff_ros.world.lane_probe``). ``wamdiff-eval lead-probe``: does it slow down for slower traffic
 ahead (``wamdiff_ros.world.lead_probe``). ``wamdiff-eval compare``: the paired driving-score difference between two
-closed-loop reports, per scenario."""
+closed-loop reports, per scenario. ``wamdiff-eval trace``: one closed-loop episode with the expert's plan beside the
+model's at every plan time (``wamdiff_ros.world.trace``)."""
 
 from __future__ import annotations
 
@@ -239,6 +240,56 @@ def compare_main(args, parser) -> int:
     return 0
 
 
+def trace_main(args, parser) -> int:
+    from wamdiff_ros.world import trace
+
+    try:
+        scenario_set = load_scenarios(args.scenario_file)
+        spec = scenario_set.get(args.scenario)
+    except (ScenarioError, OSError) as exc:
+        parser.error(f"--scenario: {exc}")
+    if args.model in ("expert", "constant_velocity"):
+        planner, decode = _planner(args.model), {}
+    elif is_model(args.model):
+        import torch
+
+        from wamdiff_ros.planner import Planner
+
+        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        decode = _decode_overrides(args)
+        planner = ModelPlanner(Planner.from_pretrained(args.model, **decode))
+    else:
+        parser.error(f"--model: {args.model!r} is neither a checkpoint folder nor expert / constant_velocity")
+    try:
+        config = LoopConfig(mode=args.mode, plan_hz=args.plan_hz, plan_blend_tau_s=args.blend_tau)
+    except ValueError as err:
+        parser.error(str(err))
+    rows, log = trace.trace(planner, spec, args.seed, config, scenario_set)
+    summary = trace.summarize(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"{spec.name}_seed{args.seed}"
+    png = trace.plot(rows, log, out / f"trace_{name}.png", road=World(spec, args.seed, scenario_set).geometry,
+                     title=f"{spec.name} seed {args.seed}, {args.model}: {log.end_reason} at {log.t[-1]:.1f} s")
+    report = {"model": args.model, "scenario": spec.name, "seed": args.seed, "decode": decode,
+              "mode": args.mode, "plan_hz": args.plan_hz, "blend_tau_s": args.blend_tau,
+              "end_reason": log.end_reason, "end_phase": log.end_phase, "duration_s": round(float(log.t[-1]), 2),
+              "summary": summary, "rows": [r.to_json() for r in rows]}
+    (out / f"trace_{name}.json").write_text(json.dumps(report, indent=1))
+    print(f"trace of {args.model} on {spec.name} seed {args.seed} ({args.mode}, {args.plan_hz:g} Hz): "
+          f"{log.end_reason} at {log.t[-1]:.1f} s; plans at 4 s, ego frame (x forward, y left), m")
+    print("| t (s) | speed (m/s) | command | route points | planner 4 s | expert 4 s | gap |\n"
+          "|---:|---:|---|---|---|---|---:|")
+    for r in rows:
+        route = "-" if r.route is None else " ".join(f"({x:.1f}, {y:.1f})" for x, y in r.route)
+        mine = "invalid" if r.planner is None else f"({r.planner[-1, 0]:.1f}, {r.planner[-1, 1]:.1f})"
+        print(f"| {r.t:.1f} | {r.speed:.1f} | {r.command} | {route} | {mine} | "
+              f"({r.expert[-1, 0]:.1f}, {r.expert[-1, 1]:.1f}) | {'-' if r.gap_m is None else f'{r.gap_m:.1f}'} |")
+    print("summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+    print(f"trace: {out / f'trace_{name}.json'}  {png}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wamdiff-eval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -261,6 +312,18 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--planner", default="model", help="the planner compared (default: model)")
     c.add_argument("--ref-planner", default=None, help="the reference report's planner (default: --planner)")
     c.add_argument("--json", default=None, metavar="OUT", help="write the rows here")
+    t = sub.add_parser("trace", help="one closed-loop episode: the plan next to the expert's at every plan time")
+    t.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP}, or expert / constant_velocity")
+    t.add_argument("--scenario", default="intersection", help="one scenario name")
+    t.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"the episode's seed (default {DEFAULT_SEED})")
+    t.add_argument("--mode", choices=MODES, default="paused")
+    t.add_argument("--plan-hz", type=float, default=2.0, help="plan requests per second (one in flight)")
+    t.add_argument("--blend-tau", type=float, default=0.0, help="the follower's plan blending (s; 0 = off)")
+    t.add_argument("--threshold", type=float, default=None, help="decoder confidence threshold")
+    t.add_argument("--schedule", choices=SCHEDULES, default=None, help="decoder unmask schedule")
+    t.add_argument("--block-size", type=int, default=None)
+    t.add_argument("--scenario-file", default=None, help="a scenario YAML instead of the frozen set")
+    t.add_argument("--out", default="out/trace", help="folder for trace_<scenario>_seed<seed>.json / .png")
     p = sub.add_parser("closed-loop", help="closed-loop driving score on the frozen CPU world")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP}, or none for the baselines only")
     p.add_argument("--scenarios", default="all", help="comma-separated names or all")
@@ -291,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         return lead_probe_main(args, parser)
     if args.command == "compare":
         return compare_main(args, parser)
+    if args.command == "trace":
+        return trace_main(args, parser)
 
     try:
         scenario_set = load_scenarios(args.scenario_file)
