@@ -1,5 +1,6 @@
 """Tests for wamdiff_ros.world.trace (``wamdiff-eval trace``): the expert traced against itself never parts, constant
-velocity parts from the expert where a turn begins, a model's rows carry the route points of its prompt, and the CLI
+velocity parts from the expert where a turn begins, a model's rows carry the route points of its prompt and its plans
+under other route lines, and the CLI
 writes its JSON and PNG and refuses bad arguments."""
 
 from __future__ import annotations
@@ -58,9 +59,23 @@ def test_a_model_row_carries_the_route_points_of_its_prompt(short_scenario_file)
     spec = scenarios.get("intersection")
     planner = ModelPlanner(Planner.from_pretrained("wamdiff-tiny"))  # the shipped student reads the route line
     assert planner.route_points
-    rows, log = tr.trace(planner, spec, LEFT_TURN_SEED, CONFIG, scenarios)
+    rows, log = tr.trace(planner, spec, LEFT_TURN_SEED, CONFIG, scenarios, route_variants=("straight", "mirror"))
     assert len(rows) >= 5 and all(r.route.shape == (len(fmt.ROUTE_AHEAD_M), 2) for r in rows)
     assert np.allclose(rows[0].route, World(spec, LEFT_TURN_SEED, scenarios).route_points())
+    assert all(set(r.variants) == {"straight", "mirror"} for r in rows)
+    assert np.allclose(rows[0].route[:, 1], 0.0)  # the route starts straight ahead, so the straight variant's
+    assert np.allclose(rows[0].variants["straight"], rows[0].planner)  # prompt is the real one: the same plan
+    assert json.loads(json.dumps(rows[-1].to_json()))["variants"].keys() == {"straight", "mirror"}
+
+
+def test_route_variants():
+    route = np.array([[9.8, 1.3], [17.0, 18.5]])
+    assert np.allclose(tr.route_variant("mirror", route), [[9.8, -1.3], [17.0, -18.5]])
+    assert np.allclose(tr.route_variant("straight", route), [[d, 0.0] for d in fmt.ROUTE_AHEAD_M])
+    with pytest.raises(ValueError, match="expected one of"):
+        tr.route_variant("uphill", route)
+    with pytest.raises(ValueError, match="reads the route line"):
+        tr.TracingPlanner(ConstantVelocityPlanner(), ("straight",))
 
 
 def test_cli_writes_the_trace_and_refuses_bad_arguments(short_scenario_file, tmp_path, capsys):
@@ -76,7 +91,9 @@ def test_cli_writes_the_trace_and_refuses_bad_arguments(short_scenario_file, tmp
     assert "| t (s) | speed (m/s) |" in printed and "summary: plans" in printed
     for bad, needle in ((["--scenario", "nowhere"], "no scenario 'nowhere'"),
                         (["--model", str(tmp_path / "missing")], "neither a checkpoint folder"),
-                        (["--plan-hz", "0"], "plan_hz")):
+                        (["--plan-hz", "0"], "plan_hz"),
+                        (["--route-variants", "mirror"], "does not read the route line"),
+                        (["--route-variants", "uphill"], "expected some of straight, mirror")):
         with pytest.raises(SystemExit) as exc:
             main([*argv, *bad])
         assert exc.value.code == 2 and needle in capsys.readouterr().err

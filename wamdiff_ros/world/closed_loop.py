@@ -123,9 +123,14 @@ class ModelPlanner:
         return world.route_points(other)
 
     def plan(self, obs: Observation) -> PlanResult:
+        return self.plan_with_route(obs, self.route(obs) if self.route_points else None)
+
+    def plan_with_route(self, obs: Observation, route: np.ndarray | None) -> PlanResult:
+        """The plan from ``obs`` with ``route`` as the prompt's route points (None: the paper's prompt); a probe
+        (``wamdiff-eval trace --route-variants``) asks with a route other than the world's."""
         ego = self._ego_state(obs.ego_velocity, obs.ego_acceleration)
-        if self.route_points:
-            p = self._planner.plan(obs.frame.image, ego, obs.command, route=self.route(obs))
+        if route is not None:
+            p = self._planner.plan(obs.frame.image, ego, obs.command, route=route)
         else:
             p = self._planner.plan(obs.frame.image, ego, obs.command)
         return PlanResult(p.waypoints, bool(p.valid), p.stats.forward_calls, p.stats.new_tokens, p.boxes)

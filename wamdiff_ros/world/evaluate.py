@@ -264,7 +264,12 @@ def trace_main(args, parser) -> int:
         config = LoopConfig(mode=args.mode, plan_hz=args.plan_hz, plan_blend_tau_s=args.blend_tau)
     except ValueError as err:
         parser.error(str(err))
-    rows, log = trace.trace(planner, spec, args.seed, config, scenario_set)
+    variants = tuple(v for v in (args.route_variants or "").split(",") if v)
+    if set(variants) - set(trace.ROUTE_VARIANTS):
+        parser.error(f"--route-variants: expected some of {', '.join(trace.ROUTE_VARIANTS)}, got {args.route_variants!r}")
+    if variants and not getattr(planner, "route_points", False):
+        parser.error(f"--route-variants: {args.model} does not read the route line (wamdiff.json route_points)")
+    rows, log = trace.trace(planner, spec, args.seed, config, scenario_set, variants)
     summary = trace.summarize(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -272,19 +277,21 @@ def trace_main(args, parser) -> int:
     png = trace.plot(rows, log, out / f"trace_{name}.png", road=World(spec, args.seed, scenario_set).geometry,
                      title=f"{spec.name} seed {args.seed}, {args.model}: {log.end_reason} at {log.t[-1]:.1f} s")
     report = {"model": args.model, "scenario": spec.name, "seed": args.seed, "decode": decode,
-              "mode": args.mode, "plan_hz": args.plan_hz, "blend_tau_s": args.blend_tau,
+              "mode": args.mode, "plan_hz": args.plan_hz, "blend_tau_s": args.blend_tau, "route_variants": list(variants),
               "end_reason": log.end_reason, "end_phase": log.end_phase, "duration_s": round(float(log.t[-1]), 2),
               "summary": summary, "rows": [r.to_json() for r in rows]}
     (out / f"trace_{name}.json").write_text(json.dumps(report, indent=1))
     print(f"trace of {args.model} on {spec.name} seed {args.seed} ({args.mode}, {args.plan_hz:g} Hz): "
           f"{log.end_reason} at {log.t[-1]:.1f} s; plans at 4 s, ego frame (x forward, y left), m")
-    print("| t (s) | speed (m/s) | command | route points | planner 4 s | expert 4 s | gap |\n"
-          "|---:|---:|---|---|---|---|---:|")
+    def last(points) -> str:
+        return "invalid" if points is None else f"({points[-1, 0]:.1f}, {points[-1, 1]:.1f})"
+
+    print("| t (s) | speed (m/s) | command | route points | planner 4 s | expert 4 s | gap |"
+          + "".join(f" {v} route 4 s |" for v in variants) + "\n|---:|---:|---|---|---|---|---:|" + "---|" * len(variants))
     for r in rows:
         route = "-" if r.route is None else " ".join(f"({x:.1f}, {y:.1f})" for x, y in r.route)
-        mine = "invalid" if r.planner is None else f"({r.planner[-1, 0]:.1f}, {r.planner[-1, 1]:.1f})"
-        print(f"| {r.t:.1f} | {r.speed:.1f} | {r.command} | {route} | {mine} | "
-              f"({r.expert[-1, 0]:.1f}, {r.expert[-1, 1]:.1f}) | {'-' if r.gap_m is None else f'{r.gap_m:.1f}'} |")
+        print(f"| {r.t:.1f} | {r.speed:.1f} | {r.command} | {route} | {last(r.planner)} | {last(r.expert)} | "
+              f"{'-' if r.gap_m is None else f'{r.gap_m:.1f}'} |" + "".join(f" {last(r.variants[v])} |" for v in variants))
     print("summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
     print(f"trace: {out / f'trace_{name}.json'}  {png}")
     return 0
@@ -322,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--threshold", type=float, default=None, help="decoder confidence threshold")
     t.add_argument("--schedule", choices=SCHEDULES, default=None, help="decoder unmask schedule")
     t.add_argument("--block-size", type=int, default=None)
+    t.add_argument("--route-variants", default=None, metavar="NAMES",
+                   help="also plan from each state with another route line, which does not drive: straight and / or "
+                        "mirror (comma-separated; a model that reads the route line)")
     t.add_argument("--scenario-file", default=None, help="a scenario YAML instead of the frozen set")
     t.add_argument("--out", default="out/trace", help="folder for trace_<scenario>_seed<seed>.json / .png")
     p = sub.add_parser("closed-loop", help="closed-loop driving score on the frozen CPU world")

@@ -8,16 +8,21 @@ and the **gap**: the distance between the two plans' last waypoints (4 s). A per
 route was lost; the trace says when and how: whether the plan goes straight while the expert's already turns, or
 brakes late for the car ahead.
 
+With route variants (a model that reads the route line) the planner also plans from each state with another route
+line, which does not drive: ``straight`` (the route straight ahead) or ``mirror`` (the world's route mirrored left to
+right). Whether the plan moves with them says whether the model reads the route line at that state.
+
 ``plot`` draws the drive from above with both plans at every plan time (world frame) and the route points.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from wamdiff_ros import format as fmt
 from wamdiff_ros.world.closed_loop import ClosedLoopPlanner, LoopConfig, Observation, PlanResult, run_episode
 from wamdiff_ros.world.expert import Expert
 from wamdiff_ros.world.metrics import EpisodeLog
@@ -25,6 +30,18 @@ from wamdiff_ros.world.scenarios import ScenarioSet, ScenarioSpec
 from wamdiff_ros.world.types import Pose2D
 
 PARTS_M = 2.0  # a sideways gap at 4 s of at least this counts as the plans parting (a lane is 4 m wide)
+ROUTE_VARIANTS = ("straight", "mirror")
+
+
+def route_variant(name: str, route: np.ndarray) -> np.ndarray:
+    """``route`` (ego frame, (N, 2)) as the variant ``name`` asks: straight ahead at the same distances, or mirrored
+    left to right."""
+    route = np.asarray(route, np.float64)
+    if name == "straight":
+        return np.stack([np.asarray(fmt.ROUTE_AHEAD_M, np.float64), np.zeros(len(route))], axis=1)
+    if name == "mirror":
+        return route * (1.0, -1.0)
+    raise ValueError(f"route variant: expected one of {ROUTE_VARIANTS}, got {name!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +53,7 @@ class TraceRow:
     route: np.ndarray | None  # (2, 2) ego frame: the route points of the planner's prompt
     planner: np.ndarray | None  # (8, 2) ego frame; None for an invalid plan
     expert: np.ndarray  # (8, 2) ego frame
+    variants: dict[str, np.ndarray | None] = field(default_factory=dict)  # route variant -> its plan (None: invalid)
 
     @property
     def gap_m(self) -> float | None:
@@ -55,15 +73,21 @@ class TraceRow:
         return {"t": round(self.t, 2), "x": round(self.pose.x, 2), "y": round(self.pose.y, 2),
                 "heading": round(self.pose.heading, 4), "speed": round(self.speed, 2), "command": self.command,
                 "route": pts(self.route), "planner": pts(self.planner), "expert": pts(self.expert),
-                "gap_m": None if gap is None else round(gap, 2), "sideways_gap_m": None if side is None else round(side, 2)}
+                "gap_m": None if gap is None else round(gap, 2), "sideways_gap_m": None if side is None else round(side, 2),
+                "variants": {k: pts(v) for k, v in self.variants.items()}}
 
 
 class TracingPlanner:
     """Wraps a closed-loop planner: passes its plans through unchanged and records a ``TraceRow`` per plan, with
     the expert's plan from the same state."""
 
-    def __init__(self, planner: ClosedLoopPlanner) -> None:
+    def __init__(self, planner: ClosedLoopPlanner, route_variants: tuple[str, ...] = ()) -> None:
+        if route_variants and not getattr(planner, "route_points", False):
+            raise ValueError("route variants need a model that reads the route line (wamdiff.json route_points)")
+        for name in route_variants:
+            route_variant(name, np.zeros((len(fmt.ROUTE_AHEAD_M), 2)))  # a bad name fails before the episode
         self.inner, self.name, self.needs_camera = planner, planner.name, planner.needs_camera
+        self.route_variants = tuple(route_variants)
         self.rows: list[TraceRow] = []
         self._expert: Expert | None = None
 
@@ -75,17 +99,23 @@ class TracingPlanner:
         result = self.inner.plan(obs)
         expert = np.asarray(self._expert.plan().waypoints, np.float64)
         route = self.inner.route(obs) if getattr(self.inner, "route_points", False) else None
+        variants = {}
+        for name in self.route_variants:
+            other = self.inner.plan_with_route(obs, route_variant(name, route))
+            variants[name] = np.asarray(other.waypoints, np.float64) if other.valid else None
         w = obs.world
         self.rows.append(TraceRow(float(w.t), w.ego_pose, float(w.ego_speed), obs.command.value,
                                   None if route is None else np.asarray(route, np.float64),
-                                  np.asarray(result.waypoints, np.float64) if result.valid else None, expert))
+                                  np.asarray(result.waypoints, np.float64) if result.valid else None, expert,
+                                  variants))
         return result
 
 
 def trace(planner: ClosedLoopPlanner, spec: ScenarioSpec, seed: int, config: LoopConfig = LoopConfig(),
-          scenarios: ScenarioSet | None = None) -> tuple[list[TraceRow], EpisodeLog]:
+          scenarios: ScenarioSet | None = None,
+          route_variants: tuple[str, ...] = ()) -> tuple[list[TraceRow], EpisodeLog]:
     """One episode of ``spec`` at ``seed`` driven by ``planner``: its rows and the episode's log."""
-    tracing = TracingPlanner(planner)
+    tracing = TracingPlanner(planner, route_variants)
     result = run_episode(spec, seed, tracing, config, scenarios)
     return tracing.rows, result.log
 
