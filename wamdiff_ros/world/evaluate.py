@@ -266,7 +266,8 @@ def trace_main(args, parser) -> int:
         parser.error(str(err))
     variants = tuple(v for v in (args.route_variants or "").split(",") if v)
     if set(variants) - set(trace.ROUTE_VARIANTS):
-        parser.error(f"--route-variants: expected some of {', '.join(trace.ROUTE_VARIANTS)}, got {args.route_variants!r}")
+        parser.error(f"--route-variants: expected some of {', '.join(trace.ROUTE_VARIANTS)}, "
+                     f"got {args.route_variants!r}")
     if variants and not getattr(planner, "route_points", False):
         parser.error(f"--route-variants: {args.model} does not read the route line (wamdiff.json route_points)")
     rows, log = trace.trace(planner, spec, args.seed, config, scenario_set, variants)
@@ -277,21 +278,25 @@ def trace_main(args, parser) -> int:
     png = trace.plot(rows, log, out / f"trace_{name}.png", road=World(spec, args.seed, scenario_set).geometry,
                      title=f"{spec.name} seed {args.seed}, {args.model}: {log.end_reason} at {log.t[-1]:.1f} s")
     report = {"model": args.model, "scenario": spec.name, "seed": args.seed, "decode": decode,
-              "mode": args.mode, "plan_hz": args.plan_hz, "blend_tau_s": args.blend_tau, "route_variants": list(variants),
+              "mode": args.mode, "plan_hz": args.plan_hz, "blend_tau_s": args.blend_tau,
+              "route_variants": list(variants),
               "end_reason": log.end_reason, "end_phase": log.end_phase, "duration_s": round(float(log.t[-1]), 2),
               "summary": summary, "rows": [r.to_json() for r in rows]}
     (out / f"trace_{name}.json").write_text(json.dumps(report, indent=1))
     print(f"trace of {args.model} on {spec.name} seed {args.seed} ({args.mode}, {args.plan_hz:g} Hz): "
           f"{log.end_reason} at {log.t[-1]:.1f} s; plans at 4 s, ego frame (x forward, y left), m")
+
     def last(points) -> str:
         return "invalid" if points is None else f"({points[-1, 0]:.1f}, {points[-1, 1]:.1f})"
 
     print("| t (s) | speed (m/s) | command | route points | planner 4 s | expert 4 s | gap |"
-          + "".join(f" {v} route 4 s |" for v in variants) + "\n|---:|---:|---|---|---|---|---:|" + "---|" * len(variants))
+          + "".join(f" {v} route 4 s |" for v in variants)
+          + "\n|---:|---:|---|---|---|---|---:|" + "---|" * len(variants))
     for r in rows:
         route = "-" if r.route is None else " ".join(f"({x:.1f}, {y:.1f})" for x, y in r.route)
         print(f"| {r.t:.1f} | {r.speed:.1f} | {r.command} | {route} | {last(r.planner)} | {last(r.expert)} | "
-              f"{'-' if r.gap_m is None else f'{r.gap_m:.1f}'} |" + "".join(f" {last(r.variants[v])} |" for v in variants))
+              f"{'-' if r.gap_m is None else f'{r.gap_m:.1f}'} |"
+              + "".join(f" {last(r.variants[v])} |" for v in variants))
     print("summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
     print(f"trace: {out / f'trace_{name}.json'}  {png}")
     return 0

@@ -73,7 +73,8 @@ class TraceRow:
         return {"t": round(self.t, 2), "x": round(self.pose.x, 2), "y": round(self.pose.y, 2),
                 "heading": round(self.pose.heading, 4), "speed": round(self.speed, 2), "command": self.command,
                 "route": pts(self.route), "planner": pts(self.planner), "expert": pts(self.expert),
-                "gap_m": None if gap is None else round(gap, 2), "sideways_gap_m": None if side is None else round(side, 2),
+                "gap_m": None if gap is None else round(gap, 2),
+                "sideways_gap_m": None if side is None else round(side, 2),
                 "variants": {k: pts(v) for k, v in self.variants.items()}}
 
 
@@ -141,18 +142,22 @@ def plot(rows: list[TraceRow], log: EpisodeLog, path: str | Path, road=None, tit
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     seen: list[np.ndarray] = [np.stack([log.x, log.y], axis=1)] if log.steps else []
+    labelled: set[str] = set()
+
+    def label(name: str) -> str | None:  # each legend entry once
+        return None if name in labelled or labelled.add(name) else name
+
     for r in rows:
-        for pts, style, label in ((r.planner, "-", log.planner), (r.expert, "-", "expert")):
+        for pts, colour, name in ((r.planner, "C0", f"{log.planner} (drives)"), (r.expert, "C1", "expert (labels)")):
             if pts is None:
                 continue
             xy = r.pose.to_world(np.vstack([[0.0, 0.0], pts]))
             seen.append(xy)
-            ax.plot(xy[:, 0], xy[:, 1], style, color="C0" if label != "expert" else "C1", linewidth=0.9, alpha=0.7,
-                    marker=".", markersize=3, label=label if r is rows[0] else None, zorder=3)
+            ax.plot(xy[:, 0], xy[:, 1], "-", color=colour, linewidth=0.9, alpha=0.7, marker=".", markersize=3,
+                    label=label(name), zorder=3)
         if r.route is not None:
             xy = r.pose.to_world(r.route)
-            ax.plot(xy[:, 0], xy[:, 1], "x", color="C2", markersize=5, label="route points" if r is rows[0] else None,
-                    zorder=4)
+            ax.plot(xy[:, 0], xy[:, 1], "x", color="C2", markersize=5, label=label("route points"), zorder=4)
     if log.steps:
         ax.plot(log.x, log.y, color="0.2", linewidth=1.8, label="driven", zorder=2)
         ax.plot(log.x[-1], log.y[-1], "s", color="0.2", markersize=6, zorder=5)
