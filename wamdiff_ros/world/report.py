@@ -98,10 +98,7 @@ def plot_bev(logs: Sequence[EpisodeLog], path: str | Path, road: RoadGeometry | 
     fig = Figure(figsize=_figure_size(logs, road), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    if road is not None:
-        for lane in road.lanes:
-            for border in lane.borders():
-                ax.plot(border[:, 0], border[:, 1], color="0.6", linewidth=0.8, zorder=1)
+    draw_road(ax, road)
     palette = [f"C{i}" for i in range(10)]
     colours: dict[str, str] = {}
     labelled: set[str] = set()
@@ -137,10 +134,24 @@ def plot_bev(logs: Sequence[EpisodeLog], path: str | Path, road: RoadGeometry | 
         handles.append(Line2D([], [], color="0.6", linewidth=0.8, label="lane borders"))
     ax.legend(handles=handles, loc="best", fontsize=8)
     ax.set_aspect("equal", adjustable="datalim")
-    ax.set_xlabel("x east [m]")
-    ax.set_ylabel("y north [m]")
     if title is None and logs:
         title = ", ".join(sorted({f"{log.scenario} seed {log.seed}" for log in logs}))
+    return save_bev(fig, ax, path, title)
+
+
+def draw_road(ax, road: RoadGeometry | None) -> None:
+    """The road's lane borders in grey under a bird's-eye plot (nothing without a road)."""
+    if road is None:
+        return
+    for lane in road.lanes:
+        for border in lane.borders():
+            ax.plot(border[:, 0], border[:, 1], color="0.6", linewidth=0.8, zorder=1)
+
+
+def save_bev(fig, ax, path: str | Path, title: str | None) -> Path:
+    """A bird's-eye figure's axis labels (world frame, metres), title and grid, saved as a PNG at ``path``."""
+    ax.set_xlabel("x east [m]")
+    ax.set_ylabel("y north [m]")
     if title:
         ax.set_title(title, fontsize=10)
     ax.grid(True, linewidth=0.3, alpha=0.5)

@@ -26,6 +26,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.world.closed_loop import ClosedLoopPlanner, LoopConfig, Observation, PlanResult, run_episode
 from wamdiff_ros.world.expert import Expert
 from wamdiff_ros.world.metrics import EpisodeLog
+from wamdiff_ros.world.report import draw_road, save_bev
 from wamdiff_ros.world.scenarios import ScenarioSet, ScenarioSpec
 from wamdiff_ros.world.types import Pose2D
 
@@ -97,9 +98,9 @@ class TracingPlanner:
         self._expert, self.rows = Expert(world), []
 
     def plan(self, obs: Observation) -> PlanResult:
-        result = self.inner.plan(obs)
-        expert = np.asarray(self._expert.plan().waypoints, np.float64)
         route = self.inner.route(obs) if getattr(self.inner, "route_points", False) else None
+        result = self.inner.plan(obs) if route is None else self.inner.plan_with_route(obs, route)  # route once
+        expert = np.asarray(self._expert.plan().waypoints, np.float64)
         variants = {}
         for name in self.route_variants:
             other = self.inner.plan_with_route(obs, route_variant(name, route))
@@ -163,20 +164,9 @@ def plot(rows: list[TraceRow], log: EpisodeLog, path: str | Path, road=None, tit
         ax.plot(log.x[-1], log.y[-1], "s", color="0.2", markersize=6, zorder=5)
     pts = np.concatenate(seen) if seen else np.zeros((1, 2))
     lo, hi = pts.min(axis=0) - 10.0, pts.max(axis=0) + 10.0
-    if road is not None:
-        for lane in road.lanes:
-            for border in lane.borders():
-                ax.plot(border[:, 0], border[:, 1], color="0.7", linewidth=0.7, zorder=1)
+    draw_road(ax, road)
     ax.set_xlim(lo[0], hi[0])
     ax.set_ylim(lo[1], hi[1])
     ax.set_aspect("equal", adjustable="box")
-    ax.set_xlabel("x east [m]")
-    ax.set_ylabel("y north [m]")
-    ax.set_title(title or f"{log.scenario} seed {log.seed}: {log.end_reason}", fontsize=10)
     ax.legend(loc="best", fontsize=8)
-    ax.grid(True, linewidth=0.3, alpha=0.5)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
+    return save_bev(fig, ax, path, title or f"{log.scenario} seed {log.seed}: {log.end_reason}")
