@@ -105,14 +105,14 @@ def has_route_line(prompt: str) -> bool:
     return _ROUTE_LINE in prompt
 
 
-_ROUTE_POINTS = re.compile(re.escape(_ROUTE_LINE) + r"\((-?[\d.]+),(-?[\d.]+)\) and \((-?[\d.]+),(-?[\d.]+)\)")
+_ROUTE_POINTS = re.compile(re.escape(_ROUTE_LINE) + " and ".join([r"\((-?[\d.]+),(-?[\d.]+)\)"] * len(ROUTE_AHEAD_M)))
 
 
 def parse_route_line(prompt: str) -> np.ndarray | None:
-    """The route points a plan prompt's route line carries (``route_line``'s inverse), (2, 2) ego frame; None when the
-    prompt has no route line (the paper's prompt)."""
+    """The route points a plan prompt's route line carries (``route_line``'s inverse), (len(ROUTE_AHEAD_M), 2) ego
+    frame; None when the prompt has no route line (the paper's prompt)."""
     m = _ROUTE_POINTS.search(prompt)
-    return None if m is None else np.array([float(v) for v in m.groups()], dtype=np.float64).reshape(2, 2)
+    return None if m is None else np.array([float(v) for v in m.groups()], dtype=np.float64).reshape(-1, 2)
 
 
 def plan_prompt(command: Command, velocity: tuple[float, float], acceleration: tuple[float, float],

@@ -41,8 +41,7 @@ from wamdiff_ros.msg import DrivingCommand, PlannerOutput
 from wamdiff_ros.ros import bridge_msgs as bm
 from wamdiff_ros.ros.bridge_episode import Episode
 from wamdiff_ros.ros.bridge_sync import PlanTracker, PoseHistory, TickGate
-from wamdiff_ros.ros import conversions as conv
-from wamdiff_ros.ros.conversions import rgb_to_image
+from wamdiff_ros.ros.conversions import path_msg, rgb_to_image
 from wamdiff_ros.route_points import ROUTE_PATH_M
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
 from wamdiff_ros.world.scenarios import load_scenarios
@@ -266,8 +265,7 @@ class HighwayBridge(Node):
         if ep.ticks % self.frame_every or not camera:
             return
         self._command_pub.publish(bm.command_msg(world.command, ns))
-        self._route_pub.publish(conv.path_msg(world.route_centre(ROUTE_PATH_M), bm.time_ns(ns),
-                                             self._param("odom_frame")))
+        self._route_pub.publish(path_msg(world.route_centre(ROUTE_PATH_M), bm.time_ns(ns), self._param("odom_frame")))
         self._info_pub.publish(bm.camera_info_msg(self.camera_config, ns, self._param("camera_frame")))
         image = ep.camera.render(pose, world.others()).image
         self._image_pub.publish(rgb_to_image(image, bm.time_ns(ns), self._param("camera_frame")))
