@@ -354,14 +354,15 @@ def test_a_field_added_later_keeps_old_fingerprints_while_it_holds_its_old_defau
     raw.pop("out")
     raw["data"].pop("cache_size")
     for name in ("ar.in_place_weight", "cross_scale.block_teacher", "cross_scale.block_teacher_block_size",
-                 "cross_scale.block_teacher_share"):
+                 "cross_scale.block_teacher_share", "cross_scale.route_teacher", "cross_scale.route_scenarios"):
         assert name in ADDED_DEFAULTS
         section, _, key = name.partition(".")
         raw[section].pop(key)
     before = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
     assert config.fingerprint() == before
     for section, values in (("ar", {"in_place_weight": 0.5}), ("cross_scale", {"block_teacher_block_size": 8}),
-                            ("cross_scale", {"block_teacher": "x", "block_teacher_share": 0.5})):
+                            ("cross_scale", {"block_teacher": "x", "block_teacher_share": 0.5}),
+                            ("cross_scale", {"route_teacher": "x", "route_scenarios": ["highway"]})):
         changed = raw_config(data, reference)
         changed.setdefault(section, {}).update(values)
         assert from_dict(changed).fingerprint() != before, values

@@ -83,6 +83,10 @@ def test_the_card_describes_the_plan_that_trained_the_model(tmp_path):
     assert ("1 on-policy round, starting from `out/tiny_hierarchy_v13/init/wamdiff-tiny-v6` (each 60 fresh episodes "
             "per scenario driven by the student alone, the expert labelling every frame; 1500 steps at B = 32 on "
             "the world export and the recoveries plus the rounds' exports)") in v13
+    v15 = export.stages_text(str(plan.with_name("tiny_hierarchy_v15.yaml")))  # polished on the highway, merged
+    assert "each 60 fresh episodes of highway driven by the student alone" in v15
+    assert ("a merge (800 steps of Stage III's loss at B = 32 from the student the polish started from, its own "
+            "teacher except on highway, merge, where the last round's model teaches") in v15
     rounds_only = tmp_path / "rounds_only.yaml"
     rounds_only.write_text(yaml.safe_dump({"root": "r", "polish": {"data": "rounds", "expert_share": 0.2}}))
     text = export.stages_text(str(rounds_only))

@@ -194,7 +194,7 @@ def test_shipped_plans_load_and_every_step_makes_a_valid_config(name):
         assert step.out_dir.is_relative_to(plan.root), step.name
         if step.stage == "dagger-data":
             continue
-        plain = [o for o in step.overrides if "=@run:" not in o]
+        plain = [o.replace("=@run:", "=") for o in step.overrides]  # a run folder stands for its checkpoint
         config = load_config(CONFIGS / f"{step.base}.yaml", plain)
         assert config.train.batch_size == plan.batch_size, step.name  # the plan's settings, not the base file's
         inputs = [plan.root, plan.data_dir, *plan.extra_data]  # a continuation plan reads an earlier one's data
@@ -720,3 +720,50 @@ def test_polish_rounds_follow_stage_three_driven_by_the_final_student(tmp_path):
     path.write_text(yaml.safe_dump({**plan, "polish": {**plan["polish"], "data": "some"}}))
     with pytest.raises(ConfigError, match="polish.data"):
         load_plan(path)
+
+
+def test_a_polish_can_drive_some_scenarios_and_end_in_a_routed_merge(tmp_path, monkeypatch):
+    """polish.scenarios: the rounds' episodes drive those scenarios only; polish.merge: a last Stage III run from
+    the student the polish started from (init and teacher), the last round's model teaching the named scenarios'
+    records (cross_scale.route_teacher), on the last round's data; it is the final student."""
+    plan = {"root": str(tmp_path / "h"), "scenarios": "all", "episodes": 3, "batch_size": 2, "ar_steps": 1,
+            "curriculum": [1, 4], "adapt_steps": 1, "distill_teacher_block": 1,
+            "polish": {"rounds": 1, "episodes": 7, "expert_share": 0.0, "steps": 4, "scenarios": "highway",
+                       "merge": {"scenarios": ["highway", "merge"], "steps": 5, "lr": 3e-4}}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    loaded = load_plan(path)
+    steps = {s.name: s for s in plan_steps(loaded)}
+    root = Path(plan["root"]) / "student"
+    names = list(steps)
+    assert names[names.index("student/cross_scale") + 1:names.index("student/ablation/direct")] == [
+        "student/polish/r01/data", "student/polish/r01", "student/polish/merge"]
+    assert final_run(loaded) == root / "polish" / "merge"
+    import wamdiff_ros.world.dataset as dataset
+    from wamdiff_training.hierarchy import export_dagger
+
+    calls = []
+    monkeypatch.setattr(dataset, "main", lambda argv: calls.append(argv) or 0)
+    export_dagger(loaded, steps["student/polish/r01/data"], "a-model", progress=False)
+    assert calls[0][calls[0].index("--scenarios") + 1] == "highway"  # the plan's own: all
+    merge = steps["student/polish/merge"]
+    assert (merge.stage, merge.base, merge.steps) == ("cross-scale", "tiny_cross_scale", 5)
+    start, last = f"@run:{root / 'cross_scale'}", f"@run:{root / 'polish' / 'r01'}"
+    assert {f"model.init={start}", f"cross_scale.teacher={start}", f"cross_scale.route_teacher={last}",
+            "train.lr=0.0003", "cross_scale.ce_weight=1.0"} <= set(merge.overrides)
+    config = load_config(CONFIGS / "tiny_cross_scale.yaml", [o.replace("=@run:", "=") for o in merge.overrides])
+    assert config.cross_scale.route_teacher == str(root / "polish" / "r01")
+    assert config.cross_scale.route_scenarios == ["highway", "merge"] and config.cross_scale.block_size == 4
+    assert config.data.train == load_config(CONFIGS / "tiny_adapt.yaml", [
+        o for o in steps["student/polish/r01"].overrides if o.startswith("data.train=")]).data.train
+    for bad, message in (({"scenarios": []}, "polish.merge.scenarios"), ({"scenarios": ["highway"], "steps": 0},
+                                                                         "polish.merge"),
+                         ({"scenarios": ["highway"], "weight": 1}, "polish.merge.weight: unknown key")):
+        path.write_text(yaml.safe_dump({**plan, "polish": {**plan["polish"], "merge": bad}}))
+        with pytest.raises(ConfigError, match=message):
+            load_plan(path)
+    without = {**plan, "polish": {k: v for k, v in plan["polish"].items() if k not in ("scenarios", "merge")}}
+    path.write_text(yaml.safe_dump(without))
+    plain = {s.name: s for s in plan_steps(load_plan(path))}
+    assert "student/polish/merge" not in plain and not any(
+        o.startswith("scenarios=") for o in plain["student/polish/r01/data"].overrides)

@@ -416,6 +416,41 @@ def test_a_mixed_teacher_scores_the_mixture_of_both_models_probabilities(samples
             cfg.from_dict({"data": {"train": ["x.json"]}, "cross_scale": bad})
 
 
+def test_a_routed_teacher_gives_each_record_the_target_of_its_scenario(samples, tiny_bundle):
+    """cross_scale.route_teacher: the records of route_scenarios (the id's second field) take the routed model's
+    target, every other record the teacher's; the loss trains towards that and neither model gets a gradient."""
+    student = tiny_random(seed=6, hidden=64, layers=2)
+    base = distill.DiffusionTeacher(tiny_random(seed=7).model, 32, 4, student.eos_token_id)
+    other = distill.DiffusionTeacher(tiny_random(seed=12).model, 32, 4, student.eos_token_id)
+    assert [cross_scale.scenario_of(i) for i in ("train_highway_480_0000_plan", "val_merge_7_0003_ask", "img")] == [
+        "highway", "merge", ""]
+    stage = cross_scale.CrossScaleStage(base, 32, **_ids(student), rollout=Rollout(max_steps=2), generator=_gen(3))
+    states = stage.states(student.model, samples)
+    want_base, want_other = base.logits(states), other.logits(states)
+    first = len(states[0].answer)
+    routed = cross_scale.RoutedTeacher(base, other, frozenset({"highway"}))
+    got = routed.logits(states, ["train_highway_1_0000_plan", "train_roundabout_1_0000_plan"])
+    assert torch.equal(got[:first], want_other[:first]) and torch.equal(got[first:], want_base[first:])
+    assert torch.equal(routed.logits(states, ["a_merge_1", "b_ring_2"]), want_base)
+    assert torch.equal(routed.logits(states, ["a_highway_1", "b_highway_2"]), want_other)
+    with pytest.raises(ValueError, match="one record id per state"):
+        routed.logits(states, ["a_highway_1"])
+    renamed = [dataclasses.replace(s, id=i) for s, i in zip(samples, ("train_highway_1_0000_plan", "x_merge_2_0"))]
+    stage.teacher = routed
+    loss, _ = stage.loss(student.model, renamed, 0)
+    loss.backward()
+    assert math.isfinite(float(loss.detach())) and student.model.lm_head.weight.grad is not None
+    assert all(p.grad is None for t in (base, other) for p in t.model.parameters())
+    section = dataclasses.replace(cfg.CrossScaleSection(), teacher="tiny-random", teacher_block_size=32,
+                                  route_teacher="tiny-random", route_scenarios=["highway", "merge"])
+    built = cross_scale.from_config(SimpleNamespace(cross_scale=section), tiny_bundle).teacher
+    assert isinstance(built, cross_scale.RoutedTeacher) and built.scenarios == {"highway", "merge"}
+    assert len(built.parts) == 2
+    for bad in ({"route_teacher": "x"}, {"route_scenarios": ["highway"]}):
+        with pytest.raises(cfg.ConfigError, match="route_scenarios: give route_teacher and route_scenarios"):
+            cfg.from_dict({"data": {"train": ["x.json"]}, "cross_scale": bad})
+
+
 def _stage(kind: str, bundle):
     if kind == "adapt":
         return adapt.AdaptStage(8, **_ids(bundle))

@@ -31,7 +31,8 @@ RESUME_NEUTRAL = {"out", "data.cache_size"}
 # Fields added after runs were made, with the value that means "as before": left out of the fingerprint while they
 # hold it, so a run checkpointed before the field existed still resumes.
 ADDED_DEFAULTS = {"ar.in_place_weight": 0.0, "cross_scale.block_teacher": "",
-                  "cross_scale.block_teacher_block_size": None, "cross_scale.block_teacher_share": 0.0}
+                  "cross_scale.block_teacher_block_size": None, "cross_scale.block_teacher_share": 0.0,
+                  "cross_scale.route_teacher": "", "cross_scale.route_scenarios": []}
 
 
 class ConfigError(FieldError):
@@ -156,6 +157,10 @@ class CrossScaleSection(DistillSection):
     block_teacher: str = ""
     block_teacher_block_size: int | None = None  # None: the block teacher's trained_block_size
     block_teacher_share: float = 0.0
+    # a second diffusion teacher for the records of some scenarios (a record's scenario is its id's second field,
+    # e.g. train_highway_480_0000_plan): their target is route_teacher's, every other record's the teacher's
+    route_teacher: str = ""
+    route_scenarios: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -278,6 +283,8 @@ def validate(config: Config) -> Config:
              f"must be in [0, 1], got {c.block_teacher_share}")
     _require(s, c.block_teacher_share == 0 or c.block_teacher != "", "cross_scale.block_teacher",
              f"must name a checkpoint when block_teacher_share is {c.block_teacher_share}")
+    _require(s, bool(c.route_teacher) == bool(c.route_scenarios), "cross_scale.route_scenarios",
+             f"give route_teacher and route_scenarios together; got {c.route_teacher!r} and {c.route_scenarios}")
     return config
 
 

@@ -118,9 +118,15 @@ def stages_text(plan_path: str | None) -> str:
         data = " and ".join({"all": ["its data so far"], "world": ["the world export", *recoveries],
                              "rounds": recoveries}[q.data]) or "nothing else"
         start = "" if q.init is None else f", starting from `{q.init}`"
+        per = "per scenario" if q.scenarios is None else f"of {q.scenarios}"
         parts.append(f"{q.rounds} on-policy round{'s' if q.rounds > 1 else ''}{start} (each {q.episodes} fresh "
-                     f"episodes per scenario driven by {driver}, the expert labelling every frame; {q.steps} steps "
-                     f"at B = {big} on {data} plus the rounds' exports)")
+                     f"episodes {per} driven by {driver}, the expert labelling every frame; {q.steps} "
+                     f"steps at B = {big} on {data} plus the rounds' exports)")
+        if q.merge is not None:
+            m = q.merge
+            parts.append(f"a merge ({m.steps} steps of Stage III's loss at B = {big} from the student the polish "
+                         f"started from, its own teacher except on {', '.join(m.scenarios)}, where the last round's "
+                         f"model teaches, plus {m.ce_weight:g} × cross-entropy to the labels)")
     reused = "" if plan.reuse is None else (f" The runs {', '.join(plan.reuse.runs)} were trained by the plan "
                                             f"under `{plan.reuse.root}` and taken over (`reuse`).")
     return f"- Stages (`wamdiff-train hierarchy --plan {plan_path}`): " + " -> ".join(parts) + "." + reused

@@ -94,11 +94,43 @@ class PolishPlan(DaggerPlan):
     # the model to polish (a model folder, a checkpoint or a run folder) instead of the plan's student/cross_scale:
     # a final student whose runs are not on this machine, e.g. a shipped model exported from them
     init: str | None = None
+    # the scenarios the rounds' episodes drive (wamdiff-data --scenarios); None: the plan's
+    scenarios: str | None = None
+    # after the rounds, one model from two (a PolishMerge; None: the last round is the final student)
+    merge: PolishMerge | dict | None = None
 
     def __post_init__(self) -> None:
         DaggerPlan.__post_init__(self)
         if self.data not in ("all", "world", "rounds"):
             raise ConfigError("hierarchy", "polish.data", f"'all', 'world' or 'rounds', got {self.data!r}")
+        if isinstance(self.merge, dict):
+            names = [f.name for f in fields(PolishMerge)]
+            unknown = set(self.merge) - set(names)
+            if unknown:
+                raise ConfigError("hierarchy", f"polish.merge.{sorted(unknown)[0]}",
+                                  f"unknown key; known: {', '.join(names)}")
+            self.merge = PolishMerge(**self.merge)
+
+
+@dataclass(slots=True)
+class PolishMerge:
+    """The polish's last step (``student/polish/merge``): Stage III's loss at the curriculum's last B from the model
+    the polish started from, which is also the teacher of every record but those of ``scenarios``; their teacher is
+    the last round's model (``cross_scale.route_teacher``). So the student keeps what it drove well and takes the
+    round's driving where the round drove better. It trains on the last round's data, with ``ce_weight`` ×
+    cross-entropy to the labels beside the divergence."""
+
+    scenarios: list[str] = field(default_factory=list)
+    steps: int = 800
+    lr: float | None = None  # None: the cross-scale config's
+    ce_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.scenarios or not all(isinstance(v, str) and v for v in self.scenarios):
+            raise ConfigError("hierarchy", "polish.merge.scenarios",
+                              f"name the scenarios the last round teaches, got {self.scenarios!r}")
+        if self.steps < 1 or self.ce_weight < 0:
+            raise ConfigError("hierarchy", "polish.merge", f"steps must be >= 1 and ce_weight >= 0; got {self}")
 
 
 @dataclass(slots=True)
@@ -330,9 +362,12 @@ def adapt_dagger_rounds(plan: HierarchyPlan, who: str) -> int:
 
 
 def final_run(plan: HierarchyPlan) -> Path:
-    """The student the hierarchy ends with (the one to ship): its last polish round, else Stage III's run."""
+    """The student the hierarchy ends with (the one to ship): its polish's merge, else its last polish round, else
+    Stage III's run."""
     root = Path(plan.root) / "student"
-    return root / "cross_scale" if plan.polish is None else root / "polish" / f"r{plan.polish.rounds:02d}"
+    if plan.polish is None:
+        return root / "cross_scale"
+    return root / "polish" / ("merge" if plan.polish.merge is not None else f"r{plan.polish.rounds:02d}")
 
 
 def ar_run(plan: HierarchyPlan, who: str) -> Path:
@@ -382,18 +417,30 @@ def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str]
     lr = [] if d.lr is None else [f"train.lr={d.lr}"]
     stage = ("ar", "tiny_ar", [f"ar.in_place_weight={plan.ar_in_place_weight}"]) if kind == "dagger" else \
         ("adapt", "tiny_adapt", [f"adapt.block_size={plan.curriculum[-1]}"])
+    given = kind == "polish" and d.init is not None and not (previous / "checkpoints").is_dir()
+    start = str(previous) if given else f"@run:{previous}"
+    scenarios = [f"scenarios={d.scenarios}"] if kind == "polish" and d.scenarios is not None else []
     files = list(files)
     for r in range(1, (adapt_dagger_rounds(plan, who) if kind == "adapt_dagger" else d.rounds) + 1):
         run_dir = root / who / kind / f"r{r:02d}"
-        given = kind == "polish" and r == 1 and d.init is not None and not (previous / "checkpoints").is_dir()
-        source = str(previous) if given else f"@run:{previous}"
+        source = start if r == 1 else f"@run:{previous}"
         if lender is None:
             steps.append(Step(f"{who}/{kind}/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
                 f"driver={source}", f"seed_offset={first + (r - 1) * d.episodes}", f"episodes={d.episodes}",
-                f"expert_share={d.share(r)}"]))
+                f"expert_share={d.share(r)}", *scenarios]))
         files.append((root / lender / kind / f"r{r:02d}" if lender else run_dir) / "data" / "train.json")
         steps.append(Step(f"{who}/{kind}/r{r:02d}", stage[0], stage[1], run_dir, round_steps, [
             _union(files), *base, *weights, *lr, f"model.init={source}", *stage[2]]))
+        previous = run_dir
+    merge = d.merge if kind == "polish" else None
+    if merge is not None:
+        run_dir = root / who / kind / "merge"
+        steps.append(Step(f"{who}/{kind}/merge", "cross-scale", "tiny_cross_scale", run_dir, merge.steps, [
+            _union(files), *base, *([] if merge.lr is None else [f"train.lr={merge.lr}"]), f"model.init={start}",
+            f"cross_scale.teacher={start}", "cross_scale.teacher_kind=diffusion",
+            f"cross_scale.block_size={plan.curriculum[-1]}", f"cross_scale.ce_weight={merge.ce_weight}",
+            f"cross_scale.route_teacher=@run:{previous}",
+            f"cross_scale.route_scenarios=[{','.join(merge.scenarios)}]"]))
         previous = run_dir
     return previous, files
 
@@ -410,8 +457,8 @@ def export_dagger(plan: HierarchyPlan, step: Step, driver: str, progress: bool) 
 
     setting = dict(o.split("=", 1) for o in step.overrides)
     offset, share = setting["seed_offset"], setting["expert_share"]
-    args = ["generate", "--scenarios", plan.scenarios, "--episodes", setting["episodes"], "--split", "train",
-            "--seed-offset", offset, "--noise-fraction", "0", "--driver", driver, "--expert-share",
+    args = ["generate", "--scenarios", setting.get("scenarios", plan.scenarios), "--episodes", setting["episodes"],
+            "--split", "train", "--seed-offset", offset, "--noise-fraction", "0", "--driver", driver, "--expert-share",
             share, "--workers", str(plan.workers), "--out", str(step.out_dir), "--overwrite",
             *(["--counterfactual-commands"] if plan.counterfactual_commands else []), *_export_format(plan)]
     if export(args + ([] if progress else ["--no-progress"])) != 0:

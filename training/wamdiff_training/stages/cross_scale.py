@@ -75,6 +75,48 @@ class MixedTeacher:
         return torch.logaddexp(big + math.log1p(-self.share), small.to(big.device) + math.log(self.share))
 
 
+def scenario_of(record_id: str) -> str:
+    """A world record's scenario: its id's second field (``train_highway_480_0000_plan`` -> ``highway``)."""
+    parts = record_id.split("_")
+    return parts[1] if len(parts) > 2 else ""
+
+
+@dataclass(slots=True)
+class RoutedTeacher:
+    """Per record, ``routed``'s target for the records of ``scenarios`` and ``teacher``'s for every other (both score
+    the same states): two models, each good where the other is not, taught to one student."""
+
+    teacher: DiffusionTeacher | ARTeacher | MixedTeacher
+    routed: DiffusionTeacher
+    scenarios: frozenset[str]
+    kind: str = "routed"
+    per_record: bool = True
+
+    @property
+    def parts(self) -> tuple:
+        return (*getattr(self.teacher, "parts", (self.teacher,)), self.routed)
+
+    @torch.no_grad()
+    def logits(self, states: Sequence[NoisyState], ids: Sequence[str]) -> torch.Tensor:
+        if len(ids) != len(states):
+            raise ValueError(f"a routed teacher needs one record id per state: {len(ids)} ids, {len(states)} states")
+        pick = [scenario_of(i) in self.scenarios for i in ids]
+        if not any(pick):
+            return self.teacher.logits(states)
+        routed = self.routed.logits(states)
+        if all(pick):
+            return routed
+        base = self.teacher.logits(states)  # logits or log-probabilities: each row is read through its softmax
+        if base.shape != routed.shape:
+            raise ValueError(f"the routed teacher scores the states as {tuple(routed.shape)}, the teacher as "
+                             f"{tuple(base.shape)}: give them the same block size")
+        lengths = torch.tensor([len(s.answer) for s in states], device=base.device)
+        rows = torch.repeat_interleave(torch.tensor(pick, device=base.device), lengths)  # answers' rows, in order
+        if rows.numel() != base.shape[0]:
+            raise ValueError(f"{base.shape[0]} teacher rows for answers of {lengths.tolist()} tokens")
+        return torch.where(rows[:, None], routed.to(base.device, base.dtype), base)
+
+
 @dataclass(slots=True)
 class CrossScaleStage(DistillStage):
     """Stage II's loss with a larger teacher (diffusion or AR); the student keeps its block size."""
@@ -110,4 +152,11 @@ def from_config(config, bundle: ModelBundle) -> CrossScaleStage:
         except ValueError as exc:  # not a block-diffusion checkpoint: name the field
             raise ValueError(f"cross_scale.block_teacher {section.block_teacher!r}: {exc}") from exc
         teacher = MixedTeacher(teacher, block, section.block_teacher_share)
+    if section.route_teacher:
+        other = load_teacher(section.route_teacher, section.teacher_tiny, bundle, section.block_size)
+        try:
+            routed = make_teacher(other, "diffusion", bundle.eos_token_id, section.block_size)
+        except ValueError as exc:
+            raise ValueError(f"cross_scale.route_teacher {section.route_teacher!r}: {exc}") from exc
+        teacher = RoutedTeacher(teacher, routed, frozenset(section.route_scenarios))
     return CrossScaleStage(teacher, **stage_kwargs(section, bundle))
