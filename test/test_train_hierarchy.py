@@ -726,6 +726,9 @@ def test_a_polish_can_drive_some_scenarios_and_end_in_a_routed_merge(tmp_path, m
     """polish.scenarios: the rounds' episodes drive those scenarios only; polish.merge: a last Stage III run from
     the student the polish started from (init and teacher), the last round's model teaching the named scenarios'
     records (cross_scale.route_teacher), on the last round's data; it is the final student."""
+    import wamdiff_ros.world.dataset as dataset
+    from wamdiff_training.hierarchy import export_dagger
+
     plan = {"root": str(tmp_path / "h"), "scenarios": "all", "episodes": 3, "batch_size": 2, "ar_steps": 1,
             "curriculum": [1, 4], "adapt_steps": 1, "distill_teacher_block": 1,
             "polish": {"rounds": 1, "episodes": 7, "expert_share": 0.0, "steps": 4, "scenarios": "highway",
@@ -739,9 +742,6 @@ def test_a_polish_can_drive_some_scenarios_and_end_in_a_routed_merge(tmp_path, m
     assert names[names.index("student/cross_scale") + 1:names.index("student/ablation/direct")] == [
         "student/polish/r01/data", "student/polish/r01", "student/polish/merge"]
     assert final_run(loaded) == root / "polish" / "merge"
-    import wamdiff_ros.world.dataset as dataset
-    from wamdiff_training.hierarchy import export_dagger
-
     calls = []
     monkeypatch.setattr(dataset, "main", lambda argv: calls.append(argv) or 0)
     export_dagger(loaded, steps["student/polish/r01/data"], "a-model", progress=False)
