@@ -26,10 +26,23 @@ def run(tmp_path):
         node = NodeProcess(tmp_path / "node.log", *FAST, "-p", "blackbox_dir:=none", *args)
         h = Harness()
         started.append((h, node))
-        if sim_time is not None:  # timers run on /clock: keep it ticking while the node starts
+        if sim_time is not None:
+            # timers run on /clock, and the node reports "active" from its diagnostics timer: a clock that stood still
+            # from the start fired that timer once, when /clock first came, which may be before activation. So the
+            # clock runs (from 100 s before sim_time, at the wall clock's pace) until the node is active, then it
+            # jumps to sim_time and stands still there.
             h.clock_pub = h.node.create_publisher(Clock, "/clock", 10)
-            h.node.create_timer(0.05, lambda: h.clock_pub.publish(Clock(clock=to_time(sim_time))))
+            h.sim_now = sim_time - 100.0
+
+            def tick() -> None:
+                h.sim_now = min(sim_time, h.sim_now + 0.05)
+                h.clock_pub.publish(Clock(clock=to_time(h.sim_now)))
+
+            h.node.create_timer(0.05, tick)
         start(h, node, status)
+        if sim_time is not None:
+            h.sim_now = sim_time
+            h.spin(0.2)
         return h
 
     yield launch
