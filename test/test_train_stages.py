@@ -428,13 +428,16 @@ def test_a_routed_teacher_gives_each_record_the_target_of_its_scenario(samples, 
     states = stage.states(student.model, samples)
     want_base, want_other = base.logits(states), other.logits(states)
     first = len(states[0].answer)
+    assert [s.record for s in states] == [s.id for s in samples]  # make_states keeps each record's id
+
+    def named(*ids):
+        return [dataclasses.replace(s, record=i) for s, i in zip(states, ids)]
+
     routed = cross_scale.RoutedTeacher(base, other, frozenset({"highway"}))
-    got = routed.logits(states, ["train_highway_1_0000_plan", "train_roundabout_1_0000_plan"])
+    got = routed.logits(named("train_highway_1_0000_plan", "train_roundabout_1_0000_plan"))
     assert torch.equal(got[:first], want_other[:first]) and torch.equal(got[first:], want_base[first:])
-    assert torch.equal(routed.logits(states, ["a_merge_1", "b_ring_2"]), want_base)
-    assert torch.equal(routed.logits(states, ["a_highway_1", "b_highway_2"]), want_other)
-    with pytest.raises(ValueError, match="one record id per state"):
-        routed.logits(states, ["a_highway_1"])
+    assert torch.equal(routed.logits(named("a_merge_1", "b_ring_2")), want_base)
+    assert torch.equal(routed.logits(named("a_highway_1", "b_highway_2")), want_other)
     renamed = [dataclasses.replace(s, id=i) for s, i in zip(samples, ("train_highway_1_0000_plan", "x_merge_2_0"))]
     stage.teacher = routed
     loss, _ = stage.loss(student.model, renamed, 0)

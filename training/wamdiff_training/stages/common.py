@@ -63,6 +63,7 @@ class NoisyState:
     noisy: torch.Tensor  # (n,)
     mask_token_id: int
     steps: torch.Tensor | None = None  # on-policy: denoising steps each student block ran; None: random masking
+    record: str = ""  # the id of the record it was made from (make_states; a routed teacher reads its scenario)
 
     @property
     def masked(self) -> torch.Tensor:
@@ -168,4 +169,6 @@ def make_states(model: nn.Module, samples: Sequence[Sample], block_size: int, ma
     if off:
         states.update(zip(off, random_states([prompts[i] for i in off], [answers[i] for i in off], block_size,
                                              mask_token_id, noise, generator)))
+    for i, sample in enumerate(samples):
+        states[i].record = sample.id
     return [states[i] for i in range(len(samples))]

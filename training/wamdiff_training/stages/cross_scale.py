@@ -83,24 +83,21 @@ def scenario_of(record_id: str) -> str:
 
 @dataclass(slots=True)
 class RoutedTeacher:
-    """Per record, ``routed``'s target for the records of ``scenarios`` and ``teacher``'s for every other (both score
-    the same states): two models, each good where the other is not, taught to one student."""
+    """Per record (``NoisyState.record``), ``routed``'s target for the records of ``scenarios`` and ``teacher``'s for
+    every other (both score the same states): two models, each good where the other is not, taught to one student."""
 
     teacher: DiffusionTeacher | ARTeacher | MixedTeacher
     routed: DiffusionTeacher
     scenarios: frozenset[str]
     kind: str = "routed"
-    per_record: bool = True
 
     @property
     def parts(self) -> tuple:
         return (*getattr(self.teacher, "parts", (self.teacher,)), self.routed)
 
     @torch.no_grad()
-    def logits(self, states: Sequence[NoisyState], ids: Sequence[str]) -> torch.Tensor:
-        if len(ids) != len(states):
-            raise ValueError(f"a routed teacher needs one record id per state: {len(ids)} ids, {len(states)} states")
-        pick = [scenario_of(i) in self.scenarios for i in ids]
+    def logits(self, states: Sequence[NoisyState]) -> torch.Tensor:
+        pick = [scenario_of(s.record) in self.scenarios for s in states]
         if not any(pick):
             return self.teacher.logits(states)
         routed = self.routed.logits(states)

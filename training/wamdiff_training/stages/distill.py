@@ -147,15 +147,13 @@ class DistillStage:
         return make_states(model, samples, self.block_size, self.mask_token_id, self.pad_id, self.prompt_block_size,
                            self.noise, self.on_policy, self.rollout, self.pad_answers, self.generator)
 
-    def teacher_logits(self, states: Sequence[NoisyState], samples: Sequence[Sample] = ()) -> torch.Tensor:
-        if getattr(self.teacher, "per_record", False):  # cross_scale's routed teacher picks by each record's id
-            return self.teacher.logits(states, [s.id for s in samples])
+    def teacher_logits(self, states: Sequence[NoisyState]) -> torch.Tensor:
         return self.teacher.logits(states)
 
     def loss(self, model: nn.Module, samples: list[Sample], step: int) -> tuple[torch.Tensor, dict[str, float]]:
         place(self.teacher, device_of(model), self.teacher_dtype)
         states = self.states(model, samples)
-        teacher = self.teacher_logits(states, samples)
+        teacher = self.teacher_logits(states)
         layouts = [s.layout(self.block_size, self.prompt_block_size) for s in states]
 
         def forward(hf_model: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
