@@ -76,6 +76,8 @@ def test_route_variants():
         tr.route_variant("uphill", route)
     with pytest.raises(ValueError, match="reads the route line"):
         tr.TracingPlanner(ConstantVelocityPlanner(), ("straight",))
+    with pytest.raises(ValueError, match="expected some of straight, mirror, got uphill"):
+        tr.TracingPlanner(ConstantVelocityPlanner(), ("uphill",))
 
 
 def test_cli_writes_the_trace_and_refuses_bad_arguments(short_scenario_file, tmp_path, capsys):

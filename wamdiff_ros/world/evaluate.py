@@ -113,19 +113,24 @@ def _decode_overrides(args) -> dict:
                               ("block_size", args.block_size)) if v is not None}
 
 
-def _probe_planner(args, parser):
-    """The model a probe command runs (after checking --model and --vision) and the decode overrides it used."""
+def _load_planner(args):
+    """The model at --model with the command line's decode overrides (at most two torch threads), and the overrides."""
     import torch
 
     from wamdiff_ros.planner import Planner
 
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    decode = _decode_overrides(args)
+    return Planner.from_pretrained(args.model, **decode), decode
+
+
+def _probe_planner(args, parser):
+    """The model a probe command runs (after checking --model and --vision) and the decode overrides it used."""
     if not is_model(args.model):
         parser.error(f"--model: {args.model!r} is not a checkpoint folder")
     if args.vision < 0 or 0 < args.vision < 20:
         parser.error(f"--vision: 0 (off) or at least 20 frames to fit and hold out, got {args.vision}")
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    decode = _decode_overrides(args)
-    return Planner.from_pretrained(args.model, **decode), decode
+    return _load_planner(args)
 
 
 def _write_report(report: dict, path: str | None) -> None:
@@ -251,13 +256,8 @@ def trace_main(args, parser) -> int:
     if args.model in ("expert", "constant_velocity"):
         planner, decode = _planner(args.model), {}
     elif is_model(args.model):
-        import torch
-
-        from wamdiff_ros.planner import Planner
-
-        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-        decode = _decode_overrides(args)
-        planner = ModelPlanner(Planner.from_pretrained(args.model, **decode))
+        model, decode = _load_planner(args)
+        planner = ModelPlanner(model)
     else:
         parser.error(f"--model: {args.model!r} is neither a checkpoint folder nor expert / constant_velocity")
     try:
@@ -265,11 +265,10 @@ def trace_main(args, parser) -> int:
     except ValueError as err:
         parser.error(str(err))
     variants = tuple(v for v in (args.route_variants or "").split(",") if v)
-    if set(variants) - set(trace.ROUTE_VARIANTS):
-        parser.error(f"--route-variants: expected some of {', '.join(trace.ROUTE_VARIANTS)}, "
-                     f"got {args.route_variants!r}")
-    if variants and not getattr(planner, "route_points", False):
-        parser.error(f"--route-variants: {args.model} does not read the route line (wamdiff.json route_points)")
+    try:
+        trace.check_route_variants(planner, variants)
+    except ValueError as err:
+        parser.error(f"--route-variants: {args.model}: {err}")
     rows, log = trace.trace(planner, spec, args.seed, config, scenario_set, variants)
     summary = trace.summarize(rows)
     out = Path(args.out)

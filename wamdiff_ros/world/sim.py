@@ -285,9 +285,9 @@ class World:
     def route_points(self, route: Route | None = None) -> np.ndarray:
         """The plan prompt's optional route points (``fmt.route_line``): the centre of the route lane nearest the
         ego, ``fmt.ROUTE_AHEAD_M`` metres ahead of it along the route, in the ego frame (x forward, y left, m),
-        shape (2, 2). ``route``: the world's own (default) or one of ``alternative_routes()`` (read from the ego's
-        segment of the world's route, which they share while offered). Near the route's end the points stay at the
-        end of its last lane."""
+        shape (len(ROUTE_AHEAD_M), 2). ``route``: the world's own (default) or one of ``alternative_routes()`` (read
+        from the ego's segment of the world's route, which they share while offered). Near the route's end the points
+        stay at the end of its last lane."""
         return self.ego_pose.to_ego(self.route_centre(fmt.ROUTE_AHEAD_M, route))
 
     def route_centre(self, distances, route: Route | None = None) -> np.ndarray:

@@ -45,13 +45,23 @@ def route_variant(name: str, route: np.ndarray) -> np.ndarray:
     raise ValueError(f"route variant: expected one of {ROUTE_VARIANTS}, got {name!r}")
 
 
+def check_route_variants(planner: ClosedLoopPlanner, names: tuple[str, ...]) -> None:
+    """Raises ValueError unless every name is a route variant and, with any, ``planner`` reads the route line."""
+    unknown = sorted(set(names) - set(ROUTE_VARIANTS))
+    if unknown:
+        raise ValueError(f"expected some of {', '.join(ROUTE_VARIANTS)}, got {', '.join(unknown)}")
+    if names and not getattr(planner, "route_points", False):
+        raise ValueError("the planner does not read the route line (wamdiff.json route_points); route variants need "
+                         "a model that reads the route line")
+
+
 @dataclass(frozen=True, slots=True)
 class TraceRow:
     t: float
     pose: Pose2D
     speed: float
     command: str
-    route: np.ndarray | None  # (2, 2) ego frame: the route points of the planner's prompt
+    route: np.ndarray | None  # (len(ROUTE_AHEAD_M), 2) ego frame: the route points of the planner's prompt
     planner: np.ndarray | None  # (8, 2) ego frame; None for an invalid plan
     expert: np.ndarray  # (8, 2) ego frame
     variants: dict[str, np.ndarray | None] = field(default_factory=dict)  # route variant -> its plan (None: invalid)
@@ -84,10 +94,7 @@ class TracingPlanner:
     the expert's plan from the same state."""
 
     def __init__(self, planner: ClosedLoopPlanner, route_variants: tuple[str, ...] = ()) -> None:
-        if route_variants and not getattr(planner, "route_points", False):
-            raise ValueError("route variants need a model that reads the route line (wamdiff.json route_points)")
-        for name in route_variants:
-            route_variant(name, np.zeros((len(fmt.ROUTE_AHEAD_M), 2)))  # a bad name fails before the episode
+        check_route_variants(planner, tuple(route_variants))  # before the episode
         self.inner, self.name, self.needs_camera = planner, planner.name, planner.needs_camera
         self.route_variants = tuple(route_variants)
         self.rows: list[TraceRow] = []
