@@ -104,12 +104,16 @@ class PolishPlan(DaggerPlan):
         if self.data not in ("all", "world", "rounds"):
             raise ConfigError("hierarchy", "polish.data", f"'all', 'world' or 'rounds', got {self.data!r}")
         if isinstance(self.merge, dict):
-            names = [f.name for f in fields(PolishMerge)]
-            unknown = set(self.merge) - set(names)
-            if unknown:
-                raise ConfigError("hierarchy", f"polish.merge.{sorted(unknown)[0]}",
-                                  f"unknown key; known: {', '.join(names)}")
-            self.merge = PolishMerge(**self.merge)
+            self.merge = _section(PolishMerge, self.merge, "polish.merge", "hierarchy")
+
+
+def _section(kind: type, raw: dict, key: str, source: str):
+    """A plan section (a mapping) as ``kind``; an unknown key is refused with the keys ``kind`` knows."""
+    names = [f.name for f in fields(kind)]
+    unknown = set(raw) - set(names)
+    if unknown:
+        raise ConfigError(source, f"{key}.{sorted(unknown)[0]}", f"unknown key; known: {', '.join(names)}")
+    return kind(**raw)
 
 
 @dataclass(slots=True)
@@ -234,11 +238,7 @@ def load_plan(path: str | Path) -> HierarchyPlan:
                       ("adapt_dagger", DaggerPlan), ("polish", PolishPlan), ("recoveries", RecoveryPlan),
                       ("reuse", ReusePlan)):
         if raw.get(key) is not None:
-            names = [f.name for f in fields(kind)]
-            unknown = set(raw[key]) - set(names)
-            if unknown:
-                raise ConfigError(str(path), f"{key}.{sorted(unknown)[0]}", f"unknown key; known: {', '.join(names)}")
-            raw[key] = kind(**raw[key])
+            raw[key] = _section(kind, raw[key], key, str(path))
     plan = HierarchyPlan(**raw)
     for name, upper in (("cross_scale_ce_weight", math.inf), ("cross_scale_block_share", 1.0)):
         value = getattr(plan, name)
