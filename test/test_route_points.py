@@ -365,9 +365,10 @@ def test_a_planner_built_from_route_point_metadata_wants_them(planner):
     assert not ModelPlanner(planner).route_points
 
 
-def test_a_run_trained_on_route_point_prompts_saves_the_flag(tmp_path):
-    """End to end: an export with --route-points, one AR training step, a checkpoint whose metadata says so and a
-    planner that then wants the points."""
+@pytest.mark.parametrize("route_format", [2, 3])
+def test_a_run_trained_on_route_point_prompts_saves_the_flag(tmp_path, route_format, monkeypatch):
+    """End to end: an export with --route-points (in ``route_format``), one AR training step, a checkpoint whose
+    metadata says so and a planner that then wants the points and writes them in that format."""
     from wamdiff_training import checkpoint
     from wamdiff_training.config import from_dict
     from wamdiff_training.engine import train
@@ -375,15 +376,23 @@ def test_a_run_trained_on_route_point_prompts_saves_the_flag(tmp_path):
 
     out = tmp_path / "set"
     assert main(["generate", "--scenarios", "highway", "--episodes", "1", "--max-seconds", "2", "--questions", "0",
-                 "--route-points", "--out", str(out), "--preview", "0", "--no-progress"]) == 0
+                 "--route-points", "--route-format", str(route_format), "--out", str(out), "--preview", "0",
+                 "--no-progress"]) == 0
     raw = {"data": {"train": [str(out / "train.json")]},
            "model": {"tiny": {"hidden": 64, "layers": 2}},
            "train": {"batch_size": 2, "steps": 1, "lr": 1e-3, "warmup": 0, "seed": 0},
            "out": {"dir": str(tmp_path / "run"), "checkpoint_every": 0, "keep": 0, "tensorboard": False}}
     train(from_dict(raw), STAGES["ar"], "ar", progress=False)
     folder = checkpoint.resolve("latest", tmp_path / "run")
-    assert json.loads((folder / META_FILE).read_text())["route_points"] is True
-    assert Planner.from_pretrained(str(folder)).wants_route_points
+    meta = json.loads((folder / META_FILE).read_text())
+    assert meta["route_points"] is True and meta["route_format"] == route_format
+    planner = Planner.from_pretrained(str(folder))
+    assert planner.wants_route_points
+    seen: list[str] = []
+    monkeypatch.setattr(planner, "_run", lambda text, image, constraint: seen.append(text) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        planner.plan(np.zeros((48, 96, 3), np.uint8), EGO, "left", route=ROUTE)
+    assert _line(seen[0]) == fmt.route_line(ROUTE, route_format)
 
 
 def test_the_plan_cli_takes_route_points(capsys):

@@ -11,7 +11,8 @@ order needs: a tiny model trained on free-width answers fills late positions wit
 residual, in the same width: one letter ``a``..``i`` for the bin ``round(y / 10 m)`` (-4..4, ``e`` = 0), then the
 residual + 5 m with 2 integer places (``d01.83`` = -10 + 1.83 - 5 = -13.17 m; range -45..45 m). A turn's y then
 starts with a letter of its own, where in version 2 it shares a straight road's leading zeros (training/README.md,
-"Sideways bins"). Prompts are the same in every version.
+"Sideways bins"). Prompts are the same in every version; the optional route line has formats of its own
+(``ROUTE_FORMATS``, a checkpoint's ``route_format``).
 Boxes are written on a 0-1000 image grid (x right, y down) as ``label:x1,y1,x2,y2`` items joined by ``;``.
 """
 
@@ -87,42 +88,68 @@ def _num(v: float) -> str:
 
 
 ROUTE_AHEAD_M = (10.0, 30.0)  # where along the route the route points lie (metres ahead of the ego)
+ROUTE_FORMATS = (2, 3)  # the route line's numbers: 2 version 2's width; 3 the same x, each y as version 3's bin
 _ROUTE_LINE = "The route passes "
 
 
-def route_line(points: np.ndarray) -> str:
+def route_line(points: np.ndarray, route_format: int = 2) -> str:
     """The optional route line of the plan prompt: the route lane's centre ``ROUTE_AHEAD_M`` ahead along the route,
-    ego frame, in version 2's width: ``The route passes (010.00,-00.77) and (029.24,-04.17)``."""
+    ego frame. ``route_format`` 2 writes version 2's width: ``The route passes (010.00,-00.77) and (029.24,-04.17)``;
+    3 writes each y as version 3's answers do (``(010.00,e04.23) and (029.24,e00.83)``), so a route point 15 m to
+    one side starts with the bin letter the answer's y at that distance starts with (training/README.md, "v16")."""
+    if route_format not in ROUTE_FORMATS:
+        raise ValueError(f"route format {route_format!r} is not one of {ROUTE_FORMATS}")
     arr = np.asarray(points, dtype=np.float64)
     if arr.shape != (len(ROUTE_AHEAD_M), 2) or not np.isfinite(arr).all():
         raise ValueError(f"route points: expected {len(ROUTE_AHEAD_M)} finite (x, y) pairs, got {arr.tolist()!r}")
     low, high = waypoint_range(2)
     arr = np.clip(arr, low, high)
-    return _ROUTE_LINE + " and ".join(f"({_fixed(x)},{_fixed(y)})" for x, y in arr)
+    lateral = _fixed if route_format == 2 else _lateral
+    return _ROUTE_LINE + " and ".join(f"({_fixed(x)},{lateral(y)})" for x, y in arr)
 
 
 def has_route_line(prompt: str) -> bool:
     return _ROUTE_LINE in prompt
 
 
-_ROUTE_POINTS = re.compile(re.escape(_ROUTE_LINE) + " and ".join([r"\((-?[\d.]+),(-?[\d.]+)\)"] * len(ROUTE_AHEAD_M)))
+_ROUTE_POINTS = re.compile(re.escape(_ROUTE_LINE)
+                           + " and ".join([r"\((-?[\d.]+),([%s]?-?[\d.]+)\)" % LATERAL_BINS] * len(ROUTE_AHEAD_M)))
 
 
 def parse_route_line(prompt: str) -> np.ndarray | None:
-    """The route points a plan prompt's route line carries (``route_line``'s inverse), (len(ROUTE_AHEAD_M), 2) ego
-    frame; None when the prompt has no route line (the paper's prompt)."""
+    """The route points a plan prompt's route line carries (``route_line``'s inverse, either route format),
+    (len(ROUTE_AHEAD_M), 2) ego frame; None when the prompt has no route line (the paper's prompt)."""
     m = _ROUTE_POINTS.search(prompt)
-    return None if m is None else np.array([float(v) for v in m.groups()], dtype=np.float64).reshape(-1, 2)
+    if m is None:
+        return None
+    values = [_lateral_value(v) if v[0] in LATERAL_BINS else float(v) for v in m.groups()]
+    return np.array(values, dtype=np.float64).reshape(-1, 2)
+
+
+def route_line_format(prompt: str) -> int | None:
+    """The route format (``ROUTE_FORMATS``) of a plan prompt's route line; None without one."""
+    m = _ROUTE_POINTS.search(prompt)
+    return None if m is None else (3 if m.group(2)[0] in LATERAL_BINS else 2)
+
+
+def rewrite_route_line(prompt: str, points: np.ndarray | None, route_format: int) -> str:
+    """``prompt`` with its route line written again in ``route_format``, from ``points`` (the exact floats an export
+    keeps in ``meta.route_points``) or else from the line itself; a prompt without one is returned as it is."""
+    m = _ROUTE_POINTS.search(prompt)
+    if m is None:
+        return prompt
+    points = parse_route_line(prompt) if points is None else points
+    return prompt[:m.start()] + route_line(points, route_format) + prompt[m.end():]
 
 
 def plan_prompt(command: Command, velocity: tuple[float, float], acceleration: tuple[float, float],
-                route: np.ndarray | None = None) -> str:
+                route: np.ndarray | None = None, route_format: int = 2) -> str:
     """WAM-Diff2's NAVSIM planning prompt (user turn, before chat wrapping). ``route``: the optional route points
-    (``route_line``), written after the navigation command; the paper's prompt has none."""
+    (``route_line`` in ``route_format``), written after the navigation command; the paper's prompt has none."""
     return (
         _IMAGE_INTRO
         + f"The navigation information is: {Command(command).phrase}\n"
-        + ("" if route is None else route_line(route) + "\n")
+        + ("" if route is None else route_line(route, route_format) + "\n")
         + "The current position is (0.00,0.00)\n"
         + f"The current velocity is: {_pair(*velocity)} and current accelerate is: {_pair(*acceleration)}\n"
         + _PLAN_INSTRUCTION

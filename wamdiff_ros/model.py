@@ -52,6 +52,7 @@ class DecodeMeta:
     format_version: int = fmt.FORMAT_VERSION
     mask_token: str = DEFAULT_MASK_TOKEN
     route_points: bool = False  # trained with the optional route line in its plan prompts (fmt.route_line)
+    route_format: int = 2  # the route line's numbers it was trained on (fmt.ROUTE_FORMATS; 3: y as sideways bins)
 
     def __post_init__(self) -> None:
         if self.prediction not in PREDICTIONS:
@@ -66,6 +67,8 @@ class DecodeMeta:
             raise CheckpointError(f"{META_FILE}: a next_token (AR) checkpoint has trained_block_size 1")
         if not isinstance(self.route_points, bool):
             raise CheckpointError(f"{META_FILE}: route_points {self.route_points!r} must be true or false")
+        if self.route_format not in fmt.ROUTE_FORMATS or isinstance(self.route_format, bool):
+            raise CheckpointError(f"{META_FILE}: route_format {self.route_format!r} is not one of {fmt.ROUTE_FORMATS}")
         if self.format_version not in fmt.FORMAT_VERSIONS:
             raise CheckpointError(
                 f"{META_FILE}: format_version {self.format_version} is not one this package reads "

@@ -206,7 +206,7 @@ class Planner:
         ego = check_ego(ego)
         command = check_command(command)
         route = check_route(route)
-        prompt = fmt.plan_prompt(command, ego.velocity, ego.acceleration, route)
+        prompt = fmt.plan_prompt(command, ego.velocity, ego.acceleration, route, self.bundle.meta.route_format)
         text, generation = self._run(prompt, image, self._constraint)
         parsed = fmt.parse_waypoints(text)
         texts = self.bundle.tokenizer.batch_decode([[t] for t in generation.result.tokens])

@@ -32,7 +32,8 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.model import DecodeMeta, ModelBundle, load_checkpoint, tiny_random
 from wamdiff_training import checkpoint
 from wamdiff_training.config import Config, ConfigError
-from wamdiff_training.data import Record, Sample, SampleDataset, answer_format_version, load_records, mix_group
+from wamdiff_training.data import (Record, RecordError, Sample, SampleDataset, answer_format_version, load_records,
+                                  mix_group)
 from wamdiff_training.metrics_log import MetricsLog
 from wamdiff_training.sampling import TaskMix, TaskMixSampler
 
@@ -249,6 +250,7 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
     dataset = SampleDataset(records, bundle, config.data.cache_size)
     data_format = answer_format_version(records)  # the width the model learns, saved with every checkpoint
     data_route = route_points_in(records)  # whether its plan prompts carry the route line, saved likewise
+    data_route_format = route_format_in(records)  # and in which numbers
     weights = config.data.task_weights
     sampler = TaskMixSampler([mix_group(r, weights) for r in records], TaskMix(weights), t.batch_size * t.grad_accum,
                              seed=t.seed, rank=ctx.rank, world_size=ctx.world_size, epoch_size=config.data.epoch_size)
@@ -302,7 +304,7 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
             position = {**sampler.state_dict(), "epoch": done // spe, "position": done % spe}
             saved = checkpoint.save(out.dir, done, module=runner, optimizer=optimizer, scheduler=scheduler,
                                     sampler_state=position, bundle=bundle,
-                                    meta=_meta(stage, bundle, data_format, data_route),
+                                    meta=_meta(stage, bundle, data_format, data_route, data_route_format),
                                     fingerprint=config.fingerprint(), stage=stage_name, keep=out.keep) or saved
         if stop_after is not None and done >= stop_after:
             metrics_log.close()
@@ -323,12 +325,31 @@ def route_points_in(records: Sequence[Record]) -> bool | None:
     return None if not plans else any(fmt.has_route_line(r.user) for r in plans)
 
 
-def _meta(stage: Stage, bundle: ModelBundle, data_format: int | None, data_route: bool | None = None) -> DecodeMeta:
-    """The stage's decode metadata, with the waypoint format of the data it trained on and whether its plan prompts
-    carried the route line (each when it had plans)."""
+def route_format_in(records: Sequence[Record]) -> int | None:
+    """The route format (``fmt.ROUTE_FORMATS``) of the plan prompts' route lines; None without any. Both formats in one
+    run are refused, naming a record of each: a model learns one, and its checkpoint records which
+    (``DecodeMeta.route_format``)."""
+    first: dict[int, Record] = {}
+    for record in records:
+        if record.task == "plan" and (version := fmt.route_line_format(record.user)) is not None:
+            first.setdefault(version, record)
+            if len(first) > 1:
+                a, b = first.values()
+                raise RecordError(a.source, f"plan prompt {a.id!r} writes its route line in route format "
+                                            f"{fmt.route_line_format(a.user)} but {b.source} ({b.id!r}) in "
+                                            f"{fmt.route_line_format(b.user)}; rewrite one with `wamdiff-data "
+                                            "reformat --route-format` so a run trains one")
+    return next(iter(first), None)
+
+
+def _meta(stage: Stage, bundle: ModelBundle, data_format: int | None, data_route: bool | None = None,
+          data_route_format: int | None = None) -> DecodeMeta:
+    """The stage's decode metadata, with the waypoint format of the data it trained on, whether its plan prompts
+    carried the route line and in which route format (each when it had plans, or route lines)."""
     meta = stage.decode_meta(bundle.meta)
     meta = meta if data_format is None else dataclasses.replace(meta, format_version=data_format)
-    return meta if data_route is None else dataclasses.replace(meta, route_points=data_route)
+    meta = meta if data_route is None else dataclasses.replace(meta, route_points=data_route)
+    return meta if data_route_format is None else dataclasses.replace(meta, route_format=data_route_format)
 
 
 def _progress(enabled: bool, start: int, total: int):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from wamdiff_ros import format as fmt
 from wamdiff_ros.errors import CheckpointError
 from wamdiff_training import checkpoint
 from wamdiff_training.config import ConfigError, load_config
@@ -202,9 +203,11 @@ class HierarchyPlan:
     # frame under the other commands (wamdiff-data generate --counterfactual-commands); held-out splits never do
     counterfactual_commands: bool = False
     # every export (the world's splits, DAgger rounds, recoveries) writes the plan prompts' optional route line
-    # (wamdiff-data --route-points) and its plan answers in this waypoint format (--format-version; 3: y as bins)
+    # (wamdiff-data --route-points) and its plan answers in this waypoint format (--format-version; 3: y as bins);
+    # route_format: the route line's numbers (--route-format; 3: each y as a bin, as version 3's answers)
     route_points: bool = False
     format_version: int = 2
+    route_format: int = 2
 
     @property
     def data_dir(self) -> Path:
@@ -249,6 +252,10 @@ def load_plan(path: str | Path) -> HierarchyPlan:
         raise ConfigError(str(path), "format_version", f"the exports write 2 or 3, got {plan.format_version!r}")
     if not isinstance(plan.route_points, bool):
         raise ConfigError(str(path), "route_points", f"true or false, got {plan.route_points!r}")
+    if plan.route_format not in fmt.ROUTE_FORMATS or isinstance(plan.route_format, bool):
+        raise ConfigError(str(path), "route_format", f"one of {fmt.ROUTE_FORMATS}, got {plan.route_format!r}")
+    if plan.route_format != 2 and not plan.route_points:
+        raise ConfigError(str(path), "route_format", "needs route_points: true (the exports write no route line)")
     if plan.reuse is not None:
         earlier = None if plan.reuse.plan is None else load_plan(plan.reuse.plan).root
         if earlier is None and not plan.reuse.root:
@@ -447,7 +454,8 @@ def _dagger_steps(plan: HierarchyPlan, who: str, previous: Path, base: list[str]
 
 def _export_format(plan: HierarchyPlan) -> list[str]:
     """The export flags every export of ``plan`` shares: its answers' format version and the route line."""
-    return ["--format-version", str(plan.format_version), *(["--route-points"] if plan.route_points else [])]
+    route = ["--route-points", "--route-format", str(plan.route_format)] if plan.route_points else []
+    return ["--format-version", str(plan.format_version), *route]
 
 
 def export_dagger(plan: HierarchyPlan, step: Step, driver: str, progress: bool) -> None:

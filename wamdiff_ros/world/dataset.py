@@ -54,9 +54,9 @@ def image_path(split: str, frame: Frame) -> str:
 
 
 def records(frame: Frame, split: str, kind: str, perturbed_episode: bool,
-            format_version: int = fmt.FORMAT_VERSION) -> list[dict]:
+            format_version: int = fmt.FORMAT_VERSION, route_format: int = 2) -> list[dict]:
     """The samples of one frame: plan, detect, then its questions; all share the image. Plan answers are written in
-    ``format_version`` (``wamdiff_ros.format``)."""
+    ``format_version`` and route lines in ``route_format`` (``wamdiff_ros.format``)."""
     p = frame.perturbation
     meta = {
         "scenario": frame.scenario, "kind": kind, "seed": frame.seed, "frame": frame.index, "t": frame.t,
@@ -80,7 +80,8 @@ def records(frame: Frame, split: str, kind: str, perturbed_episode: bool,
         return {} if points is None else {"route_points": np.asarray(points, dtype=np.float64).tolist()}
 
     def plan_prompt(command: fmt.Command) -> str:
-        return fmt.plan_prompt(command, frame.velocity, frame.acceleration, frame.route_points.get(command))
+        return fmt.plan_prompt(command, frame.velocity, frame.acceleration, frame.route_points.get(command),
+                               route_format)
 
     def answer(waypoints: np.ndarray) -> str:
         return fmt.format_waypoints(waypoints, format_version)
@@ -107,6 +108,7 @@ class _Job:
     driver: str | None = None  # model folder for DAgger rollouts
     route_points: bool = False  # recovery frames: the prompt's route line (rollouts: RolloutConfig.route_points)
     format_version: int = fmt.FORMAT_VERSION  # the plan answers' waypoint format
+    route_format: int = 2  # the route lines' numbers (fmt.ROUTE_FORMATS)
 
 
 class PlannerDriver:
@@ -141,7 +143,7 @@ def _export_episode(job: _Job) -> tuple[list[dict], dict]:
     for frame in ep.frames:
         path = Path(job.out) / image_path(job.split, frame)
         Image.fromarray(frame.image, "RGB").save(path, format="PNG")
-        out += records(frame, job.split, job.spec.kind, ep.perturbed, job.format_version)
+        out += records(frame, job.split, job.spec.kind, ep.perturbed, job.format_version, job.route_format)
     entry = {"scenario": ep.scenario, "seed": ep.seed, "frames": len(ep.frames), "sim_s": ep.sim_s,
              "end_reason": ep.end_reason, "perturbed": ep.perturbed,
              "model_driven_frames": sum(f.driver == "model" for f in ep.frames),
@@ -168,7 +170,7 @@ def _single_threaded_children():
 def generate_split(out: Path, specs: list[ScenarioSpec], episodes: int, split: str, config: RolloutConfig,
                    scenarios: ScenarioSet, seed_offset: int = 0, workers: int = 1,
                    progress: bool = True, driver: str | None = None,
-                   format_version: int = fmt.FORMAT_VERSION) -> tuple[list[dict], list[dict]]:
+                   format_version: int = fmt.FORMAT_VERSION, route_format: int = 2) -> tuple[list[dict], list[dict]]:
     """Episodes ``seed_offset .. seed_offset + episodes - 1`` of ``split`` for every scenario: writes the images and
     returns (samples, episode entries), ordered by scenario, seed, frame, task whatever the worker count."""
     if split not in SPLIT_SEED_BASE:
@@ -177,8 +179,8 @@ def generate_split(out: Path, specs: list[ScenarioSpec], episodes: int, split: s
         raise DatasetError(f"seed offset + episodes must lie in [0, {SEEDS_PER_SPLIT}] so splits never share a seed")
     (out / "images" / split).mkdir(parents=True, exist_ok=True)
     base = SPLIT_SEED_BASE[split] + seed_offset
-    jobs = [_Job(s, base + i, split, config, scenarios, str(out), driver, format_version=format_version)
-            for s in specs for i in range(episodes)]
+    jobs = [_Job(s, base + i, split, config, scenarios, str(out), driver, format_version=format_version,
+                 route_format=route_format) for s in specs for i in range(episodes)]
     results = _run_jobs(_export_episode, jobs, workers, tqdm(total=len(jobs), desc=f"{split} episodes", unit="ep",
                                                              disable=not progress))
     return [s for samples, _ in results for s in samples], [entry for _, entry in results]
@@ -208,7 +210,7 @@ def _export_recovery(job: _Job) -> dict | None:
         return None
     frame, placement = made
     Image.fromarray(frame.image, "RGB").save(Path(job.out) / image_path(job.split, frame), format="PNG")
-    sample = records(frame, job.split, job.spec.kind, False, job.format_version)[0]
+    sample = records(frame, job.split, job.spec.kind, False, job.format_version, job.route_format)[0]
     sample["meta"]["recovery"] = asdict(placement)
     return sample
 
@@ -216,14 +218,14 @@ def _export_recovery(job: _Job) -> dict | None:
 def generate_recoveries(out: Path, specs: list[ScenarioSpec], samples: int, split: str, config: RecoveryConfig,
                         scenarios: ScenarioSet, seed_offset: int = 0, workers: int = 1,
                         progress: bool = True, route_points: bool = False,
-                        format_version: int = fmt.FORMAT_VERSION) -> tuple[list[dict], int]:
+                        format_version: int = fmt.FORMAT_VERSION, route_format: int = 2) -> tuple[list[dict], int]:
     """Recovery worlds ``seed_offset .. seed_offset + samples - 1`` of ``split`` for every scenario: writes the images
     and returns (plan samples ordered by scenario and seed, worlds skipped for want of a clear placement).
     ``route_points``: the plan prompts carry the route line (``World.route_points``)."""
     seeds = [recovery_seed(split, seed_offset, k) for k in (0, samples - 1)]  # checks the whole range
     (out / "images" / split).mkdir(parents=True, exist_ok=True)
     jobs = [_Job(s, seeds[0] + k, split, config, scenarios, str(out), route_points=route_points,
-                 format_version=format_version) for s in specs for k in range(samples)]
+                 format_version=format_version, route_format=route_format) for s in specs for k in range(samples)]
     results = _run_jobs(_export_recovery, jobs, workers, tqdm(total=len(jobs), desc=f"{split} recoveries",
                                                               unit="frame", disable=not progress))
     return [r for r in results if r is not None], sum(r is None for r in results)
@@ -303,6 +305,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the optional route line (the route lane's centre 10 m and 30 m ahead, ego frame; not "
                         "in the paper's prompt) into every plan prompt, a counterfactual's of its own command's "
                         "route; meta.route_points keeps the floats")
+    g.add_argument("--route-format", type=int, default=2, choices=fmt.ROUTE_FORMATS,
+                   help="with --route-points: the route line's numbers (default: %(default)s, version 2's width; 3: "
+                        "each y as a sideways bin, as format version 3's answers write it)")
     g.add_argument("--max-seconds", type=float, default=None, help="cut each episode after this sim time")
     g.add_argument("--workers", type=int, default=1)
     g.add_argument("--out", type=Path, required=True)
@@ -325,6 +330,9 @@ def _parser() -> argparse.ArgumentParser:
                         "sideways bins)")
     c.add_argument("--route-points", action="store_true",
                    help="write the optional route line into every plan prompt, as `generate --route-points` does")
+    c.add_argument("--route-format", type=int, default=2, choices=fmt.ROUTE_FORMATS,
+                   help="with --route-points: the route line's numbers (default: %(default)s, version 2's width; 3: "
+                        "each y as a sideways bin, as format version 3's answers write it)")
     c.add_argument("--workers", type=int, default=1)
     c.add_argument("--out", type=Path, required=True)
     c.add_argument("--preview", type=int, default=16, help="samples in preview.png (0: none)")
@@ -335,6 +343,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("files", nargs="+", type=Path, help="conversation JSON files (train.json, ...)")
     r.add_argument("--version", type=int, default=fmt.FORMAT_VERSION, choices=fmt.FORMAT_VERSIONS,
                    help="target waypoint format version (default: %(default)s, fixed width)")
+    r.add_argument("--route-format", type=int, default=None, choices=fmt.ROUTE_FORMATS,
+                   help="also rewrite the plan prompts' route lines in this route format, from meta.route_points "
+                        "(default: route lines kept as they are)")
     r.add_argument("--suffix", default=None,
                    help="write <name><suffix>.json beside each file (images resolve the same); default: in place")
     return parser
@@ -350,11 +361,17 @@ def reformat(args: argparse.Namespace) -> None:
             raise DatasetError(f"{path}: cannot read conversation JSON ({exc})") from exc
         if not isinstance(records, list):
             raise DatasetError(f"{path}: expected a list of records")
-        changed = 0
+        changed = routes = 0
         for index, record in enumerate(records):
             turns = record.get("conversations") if isinstance(record, dict) else None
             if not isinstance(turns, list) or len(turns) < 2 or record.get("task", "plan") != "plan":
                 continue
+            if args.route_format is not None and isinstance(turns[0], dict) and isinstance(turns[0].get("value"), str):
+                points = (record.get("meta") or {}).get("route_points")
+                prompt = fmt.rewrite_route_line(turns[0]["value"], None if points is None else np.asarray(points),
+                                                args.route_format)
+                routes += prompt != turns[0]["value"]
+                turns[0]["value"] = prompt
             text = turns[1].get("value") if isinstance(turns[1], dict) else None
             new = fmt.reformat_waypoints(text, args.version)
             if new is None:
@@ -368,7 +385,8 @@ def reformat(args: argparse.Namespace) -> None:
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_text(json.dumps(records, indent=1))
         tmp.replace(out)
-        print(f"{path} -> {out}: {changed} plan answers rewritten in format {args.version}")
+        route = "" if args.route_format is None else f"; {routes} route lines in route format {args.route_format}"
+        print(f"{path} -> {out}: {changed} plan answers rewritten in format {args.version}{route}")
 
 
 def _check(args: argparse.Namespace, splits: list[str]) -> None:
@@ -410,6 +428,7 @@ def generate(args: argparse.Namespace, argv: list[str]) -> None:
         "camera": asdict(config.camera), "split_seed_base": SPLIT_SEED_BASE, "questions": questions.QUESTIONS,
         "noise": asdict(config.noise), "replan_hz": REPLAN_HZ,
         "counterfactual_commands": config.counterfactual_commands, "route_points": config.route_points,
+        "route_format": args.route_format,
         "dagger": None if args.driver is None else {"driver": str(args.driver), "expert_share": args.expert_share},
     })
     manifest.setdefault("splits", {})
@@ -418,7 +437,8 @@ def generate(args: argparse.Namespace, argv: list[str]) -> None:
         (out / f"{split}.json").unlink(missing_ok=True)
         shutil.rmtree(out / "images" / split, ignore_errors=True)
         samples, episodes = generate_split(out, specs, args.episodes, split, config, scenarios, args.seed_offset,
-                                           args.workers, not args.no_progress, args.driver, args.format_version)
+                                           args.workers, not args.no_progress, args.driver, args.format_version,
+                                           args.route_format)
         (out / f"{split}.json").write_text(json.dumps(samples, indent=1))
         base = SPLIT_SEED_BASE[split] + args.seed_offset
         manifest["splits"][split] = {
@@ -456,14 +476,15 @@ def recoveries(args: argparse.Namespace, argv: list[str]) -> None:
     shutil.rmtree(out / "images" / args.split, ignore_errors=True)
     samples, skipped = generate_recoveries(out, specs, args.samples, args.split, config, scenarios,
                                            args.seed_offset, args.workers, not args.no_progress, args.route_points,
-                                           args.format_version)
+                                           args.format_version, args.route_format)
     (out / f"{args.split}.json").write_text(json.dumps(samples, indent=1))
     manifest_path = out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     manifest.update({"generator": "wamdiff_ros.world.dataset", "generator_version": DATASET_VERSION,
                      "format_version": args.format_version,
                      "scenario_set": {"version": scenarios.version, "source": scenarios.source},
-                     "camera": asdict(CameraConfig()), "recovery": asdict(config), "route_points": args.route_points})
+                     "camera": asdict(CameraConfig()), "recovery": asdict(config), "route_points": args.route_points,
+                     "route_format": args.route_format})
     first = recovery_seed(args.split, args.seed_offset, 0)
     manifest.setdefault("splits", {})[args.split] = {
         "command_line": ["wamdiff-data", *argv], "scenarios": [s.name for s in specs],
