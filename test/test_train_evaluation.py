@@ -249,6 +249,22 @@ def test_turn_starts_count_the_plans_that_begin_the_referenced_turn():
                                                              "median_sideways_m": None}
 
 
+def test_steps_back_counts_plans_whose_x_falls_behind_the_waypoint_before():
+    from wamdiff_training.evaluation import steps_back
+
+    def plan(xs) -> np.ndarray:
+        w = np.zeros((8, 2))
+        w[:, 0] = xs
+        return w
+
+    forward = plan(np.arange(1, 9) * 4.0)
+    lost_tens = plan([3.5, 7.5, 0.6, 3.5, 6.5, 8.6, 10.7, 11.7])  # a tens digit decoded as 0 (training/README "v16")
+    stopping = plan([2.0, 3.0, 3.5, 3.6, 3.6, 3.4, 3.3, 3.0])  # noise about a stop: within 1 m is not a step back
+    text = fmt.format_waypoints(plan([10.11, 29.19, 39.13, 59.13, 50.13, 60.13, 70.15, 80.25]), 3)
+    out = steps_back([forward, lost_tens, stopping, text, "012.0,"], [forward] * 4 + [lost_tens])
+    assert out == {"valid": 4, "plans": 2, "references": 1}
+
+
 def test_command_response_compares_a_frames_plans_across_its_commands():
     from wamdiff_training.evaluation import command_response
 

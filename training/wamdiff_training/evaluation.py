@@ -191,6 +191,22 @@ def turn_starts(predicted: list, references: list[np.ndarray], starts: list[bool
             "median_sideways_m": float(np.median(sideways)) if sideways else None}
 
 
+STEP_BACK_M = 1.0  # a waypoint whose x lies this far behind the one before it steps back (a car plan goes forward)
+
+
+def steps_back(predicted: list, references: list[np.ndarray]) -> dict:
+    """How many valid plans step back: some waypoint's x lies more than STEP_BACK_M behind the one before it (the
+    references' count beside it). Block decoding fixes a number's digits in any order, and a tiny student writes
+    some tens digits wrong (``…,039.13,…,059.13,…,050.13``: training/README.md, "v16"); the follower drops such
+    waypoints (``control.follower.forward_path``)."""
+    def back(waypoints) -> bool:
+        return waypoints is not None and bool((np.diff(np.asarray(waypoints)[:, 0]) < -STEP_BACK_M).any())
+
+    valid = [as_waypoints(p) for p in predicted]
+    return {"valid": sum(w is not None for w in valid), "plans": sum(back(w) for w in valid),
+            "references": sum(back(r) for r in references)}
+
+
 def counterfactual_frames(records: list[Record]) -> list[Path | None]:
     """Per plan record, its image when a ``wamdiff-data generate --counterfactual-commands`` export labels that
     frame under several commands (some record of it is ``meta.counterfactual``), else None."""
@@ -310,6 +326,7 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
             "l2_per_waypoint": errors.per_waypoint.tolist(), "l2_mean": errors.mean,
             "by_behaviour": by_behaviour(predicted, references, baselines, groups),
             "turn_starts": turn_starts(predicted, references, starts),
+            "steps_back": steps_back(predicted, references),
             "command_response": command_response(predicted, references, counterfactual_frames(records)),
             **_speed(plans)}
 
