@@ -81,7 +81,8 @@ def test_training_records_the_route_format_and_refuses_a_mix():
     ask = _record("d", fmt.ask_prompt("Where? " + fmt.route_line(TURN, 3)), "ask")
     assert route_format_in([paper, ask]) is None and route_format_in([paper, two]) == 2
     assert route_format_in([three, paper, ask]) == 3
-    with pytest.raises(RecordError, match=r"a\.json.*route format 2 but b\.json \('b'\) in 3.*reformat"):
+    with pytest.raises(RecordError,
+                       match=r"a\.json.*route format 2 but b\.json \('b'\) in route format 3.*reformat --route-format"):
         route_format_in([two, paper, three])
 
     class Stage:

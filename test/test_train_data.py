@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -202,6 +203,11 @@ def test_export_writes_fixed_width_and_reformat_converts_both_ways(exported, tmp
     # one run trains one width: mixing the two is refused, naming both files
     with pytest.raises(RecordError, match=r"train_v1\.json.*format 1.*train\.json.*format 2.*wamdiff-data reformat"):
         answer_format_version(old + records)
+    # versions 2 and 3 as well (the check once looked up version 1 whatever the two were)
+    binned = [replace(r, answer=fmt.reformat_waypoints(r.answer, 3)) if r.task == "plan" else r for r in records]
+    with pytest.raises(RecordError, match=r"waypoint format 2 but .*waypoint format 3"):
+        answer_format_version(records + binned)
+    assert answer_format_version(binned) == 3
     # in place, back to 2
     copy = tmp_path / "train.json"
     copy.write_text((exported / "train_v1.json").read_text())

@@ -253,24 +253,26 @@ def load_records(paths: str | Path | Iterable[str | Path], root: str | Path | No
     return records
 
 
-def answer_format_version(records: Sequence[Record]) -> int | None:
-    """The waypoint format version (``wamdiff_ros.format``) the plan answers are written in; None without plan
-    answers. Answers of both versions in one run are refused, naming the first record of each: a model learns one
-    width, and its checkpoint records which (``DecodeMeta.format_version``)."""
+def one_version(records: Sequence[Record], version_of, what: str, kind: str, fix: str) -> int | None:
+    """The one version ``version_of(record)`` gives the records it gives one for (None when none does). Two versions
+    in one run are refused, naming the first record of each: a model learns one, and its checkpoint records which.
+    ``what`` names the versioned text in the message, ``kind`` its versions, ``fix`` the command that rewrites it."""
     first: dict[int, Record] = {}
     for record in records:
-        if record.task == "plan":
-            version = fmt.waypoint_text_version(record.answer)
-            if version is not None and version not in first:
-                first[version] = record
-                if len(first) > 1:
-                    break
-    if len(first) > 1:
-        old, new = first[1], first[2]
-        raise RecordError(old.source, f"plan answer {old.id!r} is written in waypoint format 1 (free width) but "
-                                      f"{new.source} ({new.id!r}) in format 2 (fixed width); rewrite the old files "
-                                      "with `wamdiff-data reformat` so a run trains one width")
+        version = version_of(record)
+        if version is not None and first.setdefault(version, record) is record and len(first) > 1:
+            (a, b), (va, vb) = first.values(), first
+            raise RecordError(a.source, f"{what} {a.id!r} is written in {kind} {va} but {b.source} ({b.id!r}) in "
+                                        f"{kind} {vb}; rewrite one with `{fix}` so a run trains one")
     return next(iter(first), None)
+
+
+def answer_format_version(records: Sequence[Record]) -> int | None:
+    """The waypoint format version (``wamdiff_ros.format``) the plan answers are written in; None without plan
+    answers. Answers of two versions in one run are refused (``one_version``): a model learns one width, and its
+    checkpoint records which (``DecodeMeta.format_version``)."""
+    return one_version(records, lambda r: fmt.waypoint_text_version(r.answer) if r.task == "plan" else None,
+                       "plan answer", "waypoint format", "wamdiff-data reformat --version")
 
 
 def encode_answer(bundle: ModelBundle, text: str) -> torch.Tensor:

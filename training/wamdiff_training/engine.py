@@ -32,8 +32,8 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.model import DecodeMeta, ModelBundle, load_checkpoint, tiny_random
 from wamdiff_training import checkpoint
 from wamdiff_training.config import Config, ConfigError
-from wamdiff_training.data import (Record, RecordError, Sample, SampleDataset, answer_format_version, load_records,
-                                  mix_group)
+from wamdiff_training.data import (Record, Sample, SampleDataset, answer_format_version, load_records, mix_group,
+                                  one_version)
 from wamdiff_training.metrics_log import MetricsLog
 from wamdiff_training.sampling import TaskMix, TaskMixSampler
 
@@ -327,19 +327,9 @@ def route_points_in(records: Sequence[Record]) -> bool | None:
 
 def route_format_in(records: Sequence[Record]) -> int | None:
     """The route format (``fmt.ROUTE_FORMATS``) of the plan prompts' route lines; None without any. Both formats in one
-    run are refused, naming a record of each: a model learns one, and its checkpoint records which
-    (``DecodeMeta.route_format``)."""
-    first: dict[int, Record] = {}
-    for record in records:
-        if record.task == "plan" and (version := fmt.route_line_format(record.user)) is not None:
-            first.setdefault(version, record)
-            if len(first) > 1:
-                a, b = first.values()
-                raise RecordError(a.source, f"plan prompt {a.id!r} writes its route line in route format "
-                                            f"{fmt.route_line_format(a.user)} but {b.source} ({b.id!r}) in "
-                                            f"{fmt.route_line_format(b.user)}; rewrite one with `wamdiff-data "
-                                            "reformat --route-format` so a run trains one")
-    return next(iter(first), None)
+    run are refused (``data.one_version``); the checkpoint records which (``DecodeMeta.route_format``)."""
+    return one_version(records, lambda r: fmt.route_line_format(r.user) if r.task == "plan" else None,
+                       "the route line of plan prompt", "route format", "wamdiff-data reformat --route-format")
 
 
 def _meta(stage: Stage, bundle: ModelBundle, data_format: int | None, data_route: bool | None = None,
