@@ -26,7 +26,8 @@ def decode_ar(
     logits = first_logits
     for i in range(max_new_tokens):
         if constraint is not None:
-            p, token, _ = (x[0] for x in constraint.fresh_view(state, 1, i).decide(logits[None]))
+            chars = constraint.chars_of(tokens) + [None] if constraint.order is not None else None
+            p, token, _ = (x[0] for x in constraint.fresh_view(state, 1, i).decide(logits[None], chars))
         else:
             p, token = torch.softmax(logits.float(), dim=-1).max(-1)
         tokens.append(int(token))

@@ -73,11 +73,13 @@ def decode_blocks(
     steps_per_block: list[int] = []
     calls_before = backend.forward_calls
     state = constraint.start_state if constraint else 0
+    ordered = constraint is not None and constraint.order is not None  # the x ordering rule reads characters
     pending: torch.Tensor | None = None  # the finished block, committed by the next block's first forward
     while len(tokens) < settings.max_new_tokens:
         n = min(settings.block_size, settings.max_new_tokens - len(tokens))
+        prefix = constraint.chars_of(tokens) if ordered else None
         block, conf, steps = _denoise_block(
-            backend, settings, n, mask_id, constraint, state, len(tokens), on_step, pending
+            backend, settings, n, mask_id, constraint, state, len(tokens), on_step, pending, prefix
         )
         steps_per_block.append(steps)
         new = block.tolist()
@@ -95,26 +97,29 @@ def decode_blocks(
     return DecodeResult(tokens, confidence, backend.forward_calls - calls_before, steps_per_block)
 
 
-def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_step, pending):
+def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_step, pending, prefix=None):
+    """``prefix``: the answer's characters before the block, for the x ordering rule (None: rule off)."""
     block = torch.full((n,), mask_id, dtype=torch.long, device=backend.device)
     masked = torch.ones(n, dtype=torch.bool, device=block.device)
     conf = torch.zeros(n, dtype=torch.float32, device=block.device)
     no_mask = torch.tensor([mask_id], device=block.device)
     step = 0
     prediction = block
-    view = after = None  # grammar views before / after this step's fixes
+    view = after = chars = None  # grammar views before / after this step's fixes; the answer's characters
     while step < settings.steps:
         logits = backend.step(block) if pending is None or step else backend.commit_and_step(pending, block)
         raw = logits
         if constraint is not None:  # the grammar never allows [MASK]
             view = constraint.fresh_view(state, n, offset) if after is None else after
-            p, prediction, grammar_logits = view.decide(logits)
+            if prefix is not None:
+                chars = prefix + constraint.chars_of(block.tolist(), masked.tolist())
+            p, prediction, grammar_logits = view.decide(logits, chars)
         else:
             logits = logits.index_fill(-1, no_mask, float("-inf"))  # [MASK] is never an answer
             p, prediction = torch.softmax(logits.float(), dim=-1).max(-1)
         select = unmask_step(settings.schedule, p, masked, settings.threshold, step, settings.steps)
         if view is not None:
-            select, after = view.choose(select)
+            select, after = view.choose(select, chars)
         block = torch.where(select, prediction, block)
         conf = torch.where(select, p, conf)
         masked = masked & ~select
@@ -127,7 +132,9 @@ def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_
         if view is None:
             block, conf = torch.where(masked, prediction, block), torch.where(masked, p, conf)
         else:
-            filled, filled_conf = after.fill(block, grammar_logits)
+            if prefix is not None:
+                chars = prefix + constraint.chars_of(block.tolist(), masked.tolist())
+            filled, filled_conf = after.fill(block, grammar_logits, chars)
             block, conf = filled, torch.where(masked, filled_conf, conf)
     return block, conf, step
 

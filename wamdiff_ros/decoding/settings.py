@@ -16,6 +16,7 @@ class DecodeSettings:
     schedule: str = "threshold"  # "static": ceil(B / T) tokens per step; "prefix": the threshold rule in reading order
     max_new_tokens: int = 128
     constrain: bool = True  # the planning grammar constraint (plan task only)
+    x_order: bool = False  # with constrain: waypoints may not step back (decoding/xorder.py; off: training/README "v17")
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
