@@ -4,6 +4,7 @@ with 3 s durations so that every run stays short; one worker (no process pool)."
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from conftest import SHORT_SCENARIO_S as SHORT_S
 
+from wamdiff_ros.world import evaluate
 from wamdiff_ros.world.evaluate import DEFAULT_SEED, main
 from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE
 
@@ -152,3 +154,11 @@ def test_missing_scenario_file_is_an_argument_error(tmp_path, capsys):
         main(["closed-loop", "--model", "none", "--no-progress", "--scenario-file", str(missing)])
     assert info.value.code == 2
     assert str(missing) in capsys.readouterr().err
+
+
+def test_decode_flags_become_the_planner_overrides():
+    parser = argparse.ArgumentParser()
+    evaluate._decode_arguments(parser)
+    assert evaluate._decode_overrides(parser.parse_args([])) == {}  # the rest take the planner's defaults
+    assert evaluate._decode_overrides(parser.parse_args(["--threshold", "0.6", "--x-order"])) == {
+        "threshold": 0.6, "x_order": True}

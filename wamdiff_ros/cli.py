@@ -39,6 +39,8 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
                         f"{DecodeSettings().threshold:g})")
     parser.add_argument("--schedule", choices=SCHEDULES, default=None)
     parser.add_argument("--no-constraint", action="store_true", help="do not constrain the plan to its grammar")
+    parser.add_argument("--x-order", action="store_true",
+                        help="with the constraint, the x ordering rule: waypoints may not step back")
 
 
 def _plan_parser() -> argparse.ArgumentParser:
@@ -76,6 +78,7 @@ def plan_main(argv: list[str] | None = None) -> int:
         planner = Planner.from_pretrained(
             args.model, device=args.device, block_size=args.block_size, steps=args.steps,
             threshold=args.threshold, schedule=args.schedule, constrain=not args.no_constraint,
+            x_order=args.x_order,
         )
         image = load_rgb(args.image or sample_image_path())
         route = None if args.route is None else np.reshape(args.route, (2, 2))

@@ -141,7 +141,7 @@ class Planner:
         vocab = bundle.model.get_output_embeddings().weight.shape[0]
         self._constraint = (
             WaypointConstraint(bundle.tokenizer, bundle.eos_token_id, settings.max_new_tokens, vocab,
-                               bundle.meta.format_version)
+                               bundle.meta.format_version, settings.x_order)
             if settings.constrain
             else None
         )
@@ -158,6 +158,7 @@ class Planner:
         schedule: str | None = None,
         max_new_tokens: int | None = None,
         constrain: bool = True,
+        x_order: bool = False,
     ) -> Planner:
         """``path``: a checkpoint folder, a packaged model's name (default ``wamdiff-tiny``) or "tiny-random". Unset
         decode settings take the package defaults, the block size at most the checkpoint's trained one."""
@@ -170,6 +171,7 @@ class Planner:
             schedule=schedule if schedule is not None else defaults.schedule,
             max_new_tokens=max_new_tokens if max_new_tokens is not None else defaults.max_new_tokens,
             constrain=constrain,
+            x_order=x_order,
         )
         return cls(bundle, settings)
 

@@ -136,7 +136,7 @@ def load_subject(path: str, label: str, args: argparse.Namespace, threshold: flo
         bundle.meta.check_block_size(block)
         settings = DecodeSettings(block_size=block, steps=args.steps or DecodeSettings().steps, threshold=threshold,
                                   schedule=args.schedule or DecodeSettings().schedule,
-                                  max_new_tokens=args.max_new_tokens)
+                                  max_new_tokens=args.max_new_tokens, x_order=args.x_order)
     except WamDiffError as exc:  # CheckpointError / DecodeSettingsError: say which checkpoint
         raise EvalError(f"{flag} {path}: {exc}") from exc
     return Subject(path, label, bundle, settings)
@@ -465,6 +465,7 @@ def closed_loop(model: str, baselines: str, out: Path, args: argparse.Namespace,
             *(["--scenario-file", args.scenario_file] if args.scenario_file else []),
             *(["--threshold", str(decode.settings.threshold), "--block-size", str(decode.settings.block_size)]
               if decode is not None and not decode.ar else []),
+            *(["--x-order"] if decode is not None and decode.settings.x_order else []),
             *(["--no-progress"] if args.no_progress else [])]
     try:
         code = evaluate.main(argv)
@@ -586,6 +587,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None, help="decode block size of diffusion checkpoints "
                    "(default: min(32, trained))")
     p.add_argument("--steps", type=int, default=None, help="denoising steps per block at most (default 32)")
+    p.add_argument("--x-order", action="store_true",
+                   help="decode with the x ordering rule: waypoints may not step back (wamdiff-eval --x-order)")
     p.add_argument("--schedule", choices=SCHEDULES, default=None,
                    help=f"unmask schedule of diffusion checkpoints (default {DecodeSettings().schedule})")
     p.add_argument("--max-new-tokens", type=int, default=DecodeSettings().max_new_tokens)

@@ -503,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         planner = Planner.from_pretrained(
             args.model, device=args.device, block_size=args.block_size, steps=args.steps, threshold=args.threshold,
-            schedule=args.schedule, constrain=not args.no_constraint)
+            schedule=args.schedule, constrain=not args.no_constraint,
+            x_order=args.x_order)
         if not args.no_warmup:
             planner.plan(np.zeros((128, 256, 3), np.uint8), EgoState((0.0, 0.0)), "follow")
         server = PlannerServer(planner, config, model_name=str(args.model))

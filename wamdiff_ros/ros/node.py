@@ -49,7 +49,7 @@ COMMANDS = {
     DrivingCommand.RIGHT: fmt.Command.RIGHT,
     DrivingCommand.STRAIGHT: fmt.Command.STRAIGHT,
 }
-DECODE_PARAMS = ("block_size", "steps", "threshold", "schedule", "max_new_tokens", "constrain")
+DECODE_PARAMS = ("block_size", "steps", "threshold", "schedule", "max_new_tokens", "constrain", "x_order")
 
 
 def _descriptor(text: str, lo: float | None = None, hi: float | None = None, integer: bool = False, *,
@@ -100,6 +100,7 @@ class PlannerNode(LifecycleNode):
         p("schedule", defaults.schedule, _descriptor("threshold | static | prefix"))
         p("max_new_tokens", defaults.max_new_tokens, _descriptor("answer token budget", 80, 1024, True))
         p("constrain", defaults.constrain, _descriptor("constrain plans to the waypoint grammar"))
+        p("x_order", defaults.x_order, _descriptor("with constrain: waypoints may not step back (the x ordering rule)"))
         p("compressed", False, _descriptor("subscribe to ~/input/image/compressed instead", read_only=True))
         p("image_width", 0, _descriptor("resize images to this width before planning (0 = as received)", 0, 8192, True))
         p("image_height", 0, _descriptor("resize images to this height before planning (0 = as received)", 0, 8192,
