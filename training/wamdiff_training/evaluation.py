@@ -28,6 +28,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.decoding.unmask import SCHEDULES
+from wamdiff_ros.decoding.xorder import TOLERANCE_M
 from wamdiff_ros.errors import CheckpointError, WamDiffError
 from wamdiff_ros.model import TINY_RANDOM, ModelBundle, load
 from wamdiff_ros.planner import EgoState, Plan, Planner
@@ -191,7 +192,7 @@ def turn_starts(predicted: list, references: list[np.ndarray], starts: list[bool
             "median_sideways_m": float(np.median(sideways)) if sideways else None}
 
 
-STEP_BACK_M = 1.0  # a waypoint whose x lies this far behind the one before it steps back (a car plan goes forward)
+STEP_BACK_M = TOLERANCE_M  # a waypoint whose x lies this far behind the one before it steps back (the x rule's)
 
 
 def steps_back(predicted: list, references: list[np.ndarray]) -> dict:

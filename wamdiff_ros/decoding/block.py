@@ -73,11 +73,10 @@ def decode_blocks(
     steps_per_block: list[int] = []
     calls_before = backend.forward_calls
     state = constraint.start_state if constraint else 0
-    ordered = constraint is not None and constraint.order is not None  # the x ordering rule reads characters
+    prefix = [] if constraint is not None and constraint.order is not None else None  # the x rule's characters
     pending: torch.Tensor | None = None  # the finished block, committed by the next block's first forward
     while len(tokens) < settings.max_new_tokens:
         n = min(settings.block_size, settings.max_new_tokens - len(tokens))
-        prefix = constraint.chars_of(tokens) if ordered else None
         block, conf, steps = _denoise_block(
             backend, settings, n, mask_id, constraint, state, len(tokens), on_step, pending, prefix
         )
@@ -90,6 +89,8 @@ def decode_blocks(
             cut = new.index(eos_id) + 1
             new, conf = new[:cut], conf[:cut]
         tokens += new
+        if prefix is not None:
+            prefix += constraint.chars_of(new)
         confidence += conf.tolist()
         if done or len(tokens) >= settings.max_new_tokens:
             break

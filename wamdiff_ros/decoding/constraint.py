@@ -262,8 +262,7 @@ class BlockView:
         top = sub[np.arange(len(best)), best]
         p = 1.0 / np.exp(sub - top[:, None]).sum(1)
         self._best_sig = c._grammar_sig[best].tolist()
-        self._best_ids = c.grammar_ids[best].tolist()
-        self._sub = sub
+        self._sub = sub  # kept with the prediction for the x ordering rule's fallback (``_vet_order``)
         prediction = torch.from_numpy(c.grammar_ids[best]).to(logits.device)
         self._prediction = prediction
         return torch.from_numpy(p.astype(np.float32)).to(logits.device), prediction, sub
@@ -278,11 +277,12 @@ class BlockView:
         token in ``decide``'s prediction (and its signature) is replaced in place."""
         c = self.c
         order, work, kept, char_of = c.order, list(chars), list(picks), c._char_of
+        predicted = self._prediction.tolist()
         standing = order.consistent(work)  # False: the rule has stood aside for this block
         for j, pick in enumerate(picks):
             if not pick:
                 continue
-            position, ch = self.offset + j, char_of.get(self._best_ids[j])
+            position, ch = self.offset + j, char_of.get(predicted[j])
             old, work[position] = work[position], ch
             if standing and ch is not None and order.place(position) is not None and not order.consistent(work):
                 work[position], kept[j] = old, False
@@ -296,8 +296,7 @@ class BlockView:
                 token = int(c.grammar_ids[col])
                 ch = char_of.get(token)
                 if ch is not None and order.accepts(work, self.offset + j, ch):
-                    self._best_ids[j], self._best_sig[j] = token, int(c._grammar_sig[col])
-                    self._prediction[j] = token
+                    self._prediction[j], self._best_sig[j] = token, int(c._grammar_sig[col])
                     break
         return kept
 

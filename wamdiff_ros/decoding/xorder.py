@@ -127,10 +127,10 @@ class XOrder:
         self._memo[key] = out
         return out
 
-    @staticmethod
-    def _pattern(chars: list[str | None], k: int) -> tuple:
-        start = 2 * k * _STRIDE
-        part = tuple(chars[start:start + _WIDTH])
+    @classmethod
+    def _pattern(cls, chars: list[str | None], k: int) -> tuple:
+        span = cls.span(k)
+        part = tuple(chars[span.start:span.stop])
         return part if len(part) == _WIDTH else part + (None,) * (_WIDTH - len(part))
 
     def intervals(self, chars: list[str | None]) -> list[tuple[float, float]] | None:
