@@ -12,7 +12,7 @@ import pytest
 
 from conftest import SHORT_SCENARIO_S as SHORT_S
 
-from wamdiff_ros.world import evaluate
+from wamdiff_ros.cli import add_decode_settings_args, decode_overrides
 from wamdiff_ros.world.evaluate import DEFAULT_SEED, main
 from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE
 
@@ -158,7 +158,9 @@ def test_missing_scenario_file_is_an_argument_error(tmp_path, capsys):
 
 def test_decode_flags_become_the_planner_overrides():
     parser = argparse.ArgumentParser()
-    evaluate._decode_arguments(parser)
-    assert evaluate._decode_overrides(parser.parse_args([])) == {}  # the rest take the planner's defaults
-    assert evaluate._decode_overrides(parser.parse_args(["--threshold", "0.6", "--x-order"])) == {
+    add_decode_settings_args(parser)
+    assert decode_overrides(parser.parse_args([])) == {}  # the rest take the planner's defaults
+    assert decode_overrides(parser.parse_args(["--threshold", "0.6", "--x-order"])) == {
         "threshold": 0.6, "x_order": True}
+    assert decode_overrides(parser.parse_args(["--steps", "8", "--block-size", "16", "--no-constraint"])) == {
+        "steps": 8, "block_size": 16, "constrain": False}

@@ -30,9 +30,8 @@ def load_rgb(path: str | Path) -> np.ndarray:
         return np.asarray(img.convert("RGB"))
 
 
-def add_decode_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    parser.add_argument("--device", default="cpu")
+def add_decode_settings_args(parser: argparse.ArgumentParser) -> None:
+    """The decode settings' flags; ``decode_overrides`` turns them into ``Planner.from_pretrained`` keywords."""
     parser.add_argument("--block-size", type=int, default=None, help="B (default: the checkpoint's, at most 32)")
     parser.add_argument("--steps", type=int, default=None, help="denoising steps per block, at most (default 32)")
     parser.add_argument("--threshold", type=float, default=None, help="confidence threshold (default "
@@ -41,6 +40,24 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-constraint", action="store_true", help="do not constrain the plan to its grammar")
     parser.add_argument("--x-order", action="store_true",
                         help="with the constraint, the x ordering rule: waypoints may not step back")
+
+
+def decode_overrides(args: argparse.Namespace) -> dict:
+    """The decode settings given on the command line (``add_decode_settings_args``) as ``Planner.from_pretrained``
+    keywords; the rest take the package defaults."""
+    out = {k: v for k in ("block_size", "steps", "threshold", "schedule") if (v := getattr(args, k)) is not None}
+    if args.no_constraint:
+        out["constrain"] = False
+    if args.x_order:
+        out["x_order"] = True
+    return out
+
+
+def add_decode_args(parser: argparse.ArgumentParser) -> None:
+    """--model, --device and the decode settings' flags."""
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    parser.add_argument("--device", default="cpu")
+    add_decode_settings_args(parser)
 
 
 def _plan_parser() -> argparse.ArgumentParser:
@@ -75,11 +92,7 @@ def plan_main(argv: list[str] | None = None) -> int:
     from wamdiff_ros.planner import EgoState, Planner
 
     try:
-        planner = Planner.from_pretrained(
-            args.model, device=args.device, block_size=args.block_size, steps=args.steps,
-            threshold=args.threshold, schedule=args.schedule, constrain=not args.no_constraint,
-            x_order=args.x_order,
-        )
+        planner = Planner.from_pretrained(args.model, device=args.device, **decode_overrides(args))
         image = load_rgb(args.image or sample_image_path())
         route = None if args.route is None else np.reshape(args.route, (2, 2))
         plan = planner.plan(image, EgoState(tuple(args.velocity), tuple(args.acceleration)), args.command, route=route)

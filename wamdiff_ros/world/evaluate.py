@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from wamdiff_ros.decoding.unmask import SCHEDULES
+from wamdiff_ros.cli import add_decode_settings_args, decode_overrides
 from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, is_model
 from wamdiff_ros.provenance import host_info
 from wamdiff_ros.world.closed_loop import (MODES, ConstantVelocityPlanner, EpisodeResult, ExpertPlanner, LoopConfig,
@@ -107,23 +107,6 @@ def write_video(result: EpisodeResult, path: Path, camera, fps: float) -> Path:
     return path
 
 
-def _decode_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threshold", type=float, default=None, help="decoder confidence threshold")
-    parser.add_argument("--schedule", choices=SCHEDULES, default=None, help="decoder unmask schedule")
-    parser.add_argument("--block-size", type=int, default=None)
-    parser.add_argument("--x-order", action="store_true",
-                        help="decode with the x ordering rule: waypoints may not step back")
-
-
-def _decode_overrides(args) -> dict:
-    """The decode settings given on the command line (the rest take the planner's defaults)."""
-    out = {k: v for k, v in (("threshold", args.threshold), ("schedule", args.schedule),
-                             ("block_size", args.block_size)) if v is not None}
-    if args.x_order:
-        out["x_order"] = True
-    return out
-
-
 def _load_planner(args):
     """The model at --model with the command line's decode overrides (at most two torch threads), and the overrides."""
     import torch
@@ -131,7 +114,7 @@ def _load_planner(args):
     from wamdiff_ros.planner import Planner
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    decode = _decode_overrides(args)
+    decode = decode_overrides(args)
     return Planner.from_pretrained(args.model, **decode), decode
 
 
@@ -322,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
              "also fit a ridge probe from the vision features to the row's distance on N random frames (e.g. 300)")):
         probe = sub.add_parser(name, help=help_text)
         probe.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-        _decode_arguments(probe)
+        add_decode_settings_args(probe)
         probe.add_argument("--vision", type=int, default=0, metavar="N", help=vision)
         probe.add_argument("--json", default=None, metavar="OUT", help="write the rows and summary here")
         probe.add_argument("--no-progress", action="store_true")
@@ -339,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--mode", choices=MODES, default="paused")
     t.add_argument("--plan-hz", type=float, default=2.0, help="plan requests per second (one in flight)")
     t.add_argument("--blend-tau", type=float, default=0.0, help="the follower's plan blending (s; 0 = off)")
-    _decode_arguments(t)
+    add_decode_settings_args(t)
     t.add_argument("--route-variants", default=None, metavar="NAMES",
                    help="also plan from each state with another route line, which does not drive: straight and / or "
                         "mirror (comma-separated; a model that reads the route line)")
@@ -358,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blend-tau", type=float, default=None,
                    help="the follower's plan blending: weight exp(-age / tau) of earlier plans (s; 0 = off; default: "
                         "the gains file's)")
-    _decode_arguments(p)
+    add_decode_settings_args(p)
     p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     p.add_argument("--scenario-file", default=None, help="a scenario YAML instead of the frozen set")
     p.add_argument("--out", default="out/eval", help="report folder")
@@ -400,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     planners = (["model"] if model else []) + baselines
     if not planners:
         parser.error("nothing to run: give --model or --baselines")
-    decode = _decode_overrides(args)
+    decode = decode_overrides(args)
     jobs = [Job(s.name, args.seed + i, planner, mode) for i in range(args.episodes) for s in specs
             for planner in planners for mode in modes]
 
