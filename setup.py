@@ -17,13 +17,17 @@ setup(
         "pillow>=10",
         "tqdm>=4.66",
         "pyyaml>=6",
-        "highway-env>=1.12.1,<1.13",  # the world uses its road / vehicle classes directly
-        "matplotlib>=3.8",
-        "imageio-ffmpeg>=0.5",
     ],
+    # sim: the CPU driving world (wamdiff-eval, wamdiff-demo, the highway bridge), which uses highway-env's road and
+    # vehicle classes directly, draws its plots with matplotlib and writes videos with imageio-ffmpeg
+    # ros: ROS 2 Kilted's Python runtime from PyPI, for a machine without a ROS install (the node, bags, bridges)
     # carla (the CARLA client's value types) and vermin (the agent's Python 3.7 check) are for the tests only
     # gpu: FlashInfer's block-causal attention for the CUDA Graph decode path (JIT-compiles its kernels with nvcc)
     extras_require={
+        "sim": ["highway-env>=1.12.1,<1.13", "matplotlib>=3.8", "imageio-ffmpeg>=0.5"],
+        "ros": ["ros-rclpy", "ros-rmw-fastrtps-cpp", "ros-std-msgs", "ros-geometry-msgs", "ros-nav-msgs",
+                "ros-sensor-msgs", "ros-visualization-msgs", "ros-diagnostic-msgs", "ros-builtin-interfaces",
+                "ros-lifecycle-msgs", "ros-rosgraph-msgs", "rosbags"],
         "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "carla==0.9.16", "vermin"],
         "gpu": ["flashinfer-python==0.7.4"],
     },
@@ -36,7 +40,6 @@ setup(
             "wamdiff-record = wamdiff_ros.ros.bags:record_main",
             "wamdiff-demo = wamdiff_ros.ros.demo:main",
             "wamdiff-eval = wamdiff_ros.world.evaluate:main",
-            "wamdiff-data = wamdiff_ros.world.dataset:main",
             "wamdiff-serve = wamdiff_ros.carla_bridge.server:main",
             "wamdiff_highway_bridge = wamdiff_ros.ros.highway_bridge:main",
             "wamdiff_carla_control = wamdiff_ros.ros.carla_control:main",

@@ -3,10 +3,10 @@
 ``wamdiff_ros/assets/sample_front.png``: the first 10 s of a real episode of the package's CPU world.
 
 The episode: the frozen ``highway`` scenario (``scenarios_v1.yaml``) at held-out seed 1000009 (test split), driven
-as the data export drives it (``wamdiff_ros.world.demonstrations.rollout`` without perturbations): the privileged
-expert replans at every camera frame and the package's WaypointFollower and highway-env actuator follow it. The ego
-closes at 24 m/s on a 15 m/s car 60 m ahead in its lane (passing a braking car on its right), brakes, changes to the
-left lane from 2.5 s and is drawing level with the slow car at 10 s; traffic is in view throughout.
+as the data export drives it (``wamdiff_training.world.demonstrations.rollout`` without perturbations): the
+privileged expert replans at every camera frame and the package's WaypointFollower and highway-env actuator follow
+it. The ego closes at 24 m/s on a 15 m/s car 60 m ahead in its lane (passing a braking car on its right), brakes,
+changes to the left lane from 2.5 s and is drawing level with the slow car at 10 s; traffic is in view throughout.
 
 Deterministic (same bytes on every run with the pinned packages). Stamps start at 1,700,000,000 s; the log time of
 every message equals its header stamp. On the planner node's input topics:
@@ -40,13 +40,13 @@ from PIL import Image as PILImage
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.control import HighwayEnvActuator, TrackedPlan, WaypointFollower
+from wamdiff_ros.geometry import Pose2D, wrap_angle
 from wamdiff_ros.ros.bags import McapFile, bag_qos, typestore
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
-from wamdiff_ros.world.demonstrations import REPLAN_HZ, recording_gains, sample_steps
 from wamdiff_ros.world.expert import Expert
 from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE, ScenarioSet, load_scenarios
 from wamdiff_ros.world.sim import World
-from wamdiff_ros.world.types import Pose2D, wrap_angle
+from wamdiff_training.world.demonstrations import REPLAN_HZ, recording_gains, sample_steps
 
 ASSETS = Path(__file__).resolve().parents[1] / "wamdiff_ros" / "assets"
 DEFAULT_OUT, DEFAULT_IMAGE = ASSETS / "sample_drive.mcap", ASSETS / "sample_front.png"

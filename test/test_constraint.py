@@ -65,7 +65,7 @@ def test_random_logits_always_parse_tiny_tokenizer(block, steps, version):
         parsed = fmt.parse_waypoints(text)
         assert parsed.valid, (parsed.reason, text)
         assert eos in tokens
-        if version >= 2:  # every number in its version's width, whatever order the positions were filled in
+        if version == 3:  # every number in its version's width, whatever order the positions were filled in
             assert fmt.waypoint_text_version(text) == version, text
 
 
@@ -85,7 +85,7 @@ def test_random_logits_always_parse_with_merged_number_tokens(block, steps, vers
     assert constraint.token_sig[vocab.pieces.index(",-")] >= 0 and constraint.token_sig[vocab.pieces.index("5,")] >= 0
 
 
-@pytest.mark.parametrize("version, width", [(1, 4), (2, 6)])  # "0.00" / "000.00"
+@pytest.mark.parametrize("version, width", [(1, 4), (3, 6)])  # "0.00" / "000.00" and "a00.00"
 def test_budget_is_respected_and_too_small_a_budget_is_refused(version, width):
     tok = tiny_tokenizer()
     eos = tok.convert_tokens_to_ids(fmt.CHAT_END)
@@ -97,10 +97,11 @@ def test_budget_is_respected_and_too_small_a_budget_is_refused(version, width):
         WaypointConstraint(tok, eos, shortest - 1, format_version=version)
 
 
-def test_unknown_format_version_is_refused():
+@pytest.mark.parametrize("version", [2, 4])  # 2: the fixed-width y without bins, no longer written or read
+def test_unknown_format_version_is_refused(version):
     tok = tiny_tokenizer()
-    with pytest.raises(ValueError, match="format version 4"):
-        WaypointConstraint(tok, tok.convert_tokens_to_ids(fmt.CHAT_END), 128, format_version=4)
+    with pytest.raises(ValueError, match=f"format version {version}"):
+        WaypointConstraint(tok, tok.convert_tokens_to_ids(fmt.CHAT_END), 128, format_version=version)
 
 
 def test_eos_only_after_sixteen_numbers_and_then_only_eos():

@@ -24,7 +24,7 @@ from wamdiff_ros.control import (
     aim_point,
     forward_path,
 )
-from wamdiff_ros.world.types import Pose2D
+from wamdiff_ros.geometry import Pose2D
 
 DT = 0.05  # highway-env / CARLA step
 LENGTH = 5.0

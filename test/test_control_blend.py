@@ -10,7 +10,7 @@ import pytest
 
 from wamdiff_ros.control import FollowerGains, GainsError, TrackedPlan, WaypointFollower
 from wamdiff_ros.control.blend import PlanBlender
-from wamdiff_ros.world.types import Pose2D
+from wamdiff_ros.geometry import Pose2D
 
 HIGHWAY = FollowerGains.for_world("highway_env")
 T = 0.5 * np.arange(1, 9)

@@ -12,7 +12,7 @@ from wamdiff_ros.decoding.block import CachedBackend, decode_blocks
 from wamdiff_ros.decoding.engine import DecoderEngine, fused_layers
 from wamdiff_ros.decoding.reference import FullSequenceBackend, module_layers, modules_in_engine, unstacked_engines
 from wamdiff_ros.decoding.settings import DecodeSettings
-from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_prefix, unmask_step, unmask_top_k
+from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_step, unmask_top_k
 from wamdiff_ros.errors import DecodeSettingsError
 from wamdiff_ros.inputs import encode_prompt
 
@@ -148,7 +148,7 @@ def _first_divergence_is_a_near_tie(a, b) -> bool:
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 32])
-@pytest.mark.parametrize("schedule", ["threshold", "static", "prefix"])
+@pytest.mark.parametrize("schedule", ["threshold", "static"])
 def test_cached_decoder_matches_naive_reference(block_size, schedule, scaled_bundle, road_image):
     prompt = _prompt(scaled_bundle, road_image)
     steps = max(1, block_size // 4) if schedule == "static" else block_size
@@ -184,33 +184,15 @@ def test_unmask_rules():
     assert unmask_confident(conf, masked, 0.99).tolist() == [True, False, False, False]
     assert unmask_top_k(conf, masked, 2).tolist() == [True, True, False, False]
     assert unmask_top_k(conf, masked, 10).tolist() == [True, True, False, True]
-    # prefix: the first masked position, then the confident masked ones up to the first unconfident one (fixed
-    # positions do not stop the run); the threshold rule would take 0 and 4 here
+    # one dispatch for the decoder and the training rollouts: static takes its step's count of tokens_per_step
     conf = torch.tensor([0.99, 0.3, 0.95, 0.2, 0.97, 0.5])
     masked = torch.tensor([False, True, True, False, True, True])
-    assert unmask_prefix(conf, masked, 0.9).tolist() == [False, True, True, False, True, False]
-    assert unmask_prefix(conf, masked, 0.99).tolist() == [False, True, False, False, False, False]
-    assert unmask_prefix(conf, masked, torch.tensor(0.25)).tolist() == [False, True, True, False, True, True]
-    assert not unmask_prefix(conf, torch.zeros(6, dtype=torch.bool), 0.9).any()
-    # one dispatch for the decoder and the training rollouts: static takes its step's count of tokens_per_step
-    assert unmask_step("prefix", conf, masked, 0.9, 0, 6).tolist() == unmask_prefix(conf, masked, 0.9).tolist()
     assert unmask_step("threshold", conf, masked, 0.9, 0, 6).tolist() == [False, False, True, False, True, False]
     assert unmask_step("static", conf, masked, 0.9, 0, 2).tolist() == unmask_top_k(conf, masked, 3).tolist()
     assert unmask_step("static", conf, masked, 0.9, 5, 2).sum() == 3  # past T: the last step's count
     assert tokens_per_step(32, 4) == [8, 8, 8, 8]
     assert tokens_per_step(10, 4) == [3, 3, 2, 2]
     assert tokens_per_step(3, 8) == [1, 1, 1]
-
-
-def test_prefix_schedule_fixes_in_reading_order_and_several_tokens_in_some_step(scaled_bundle, road_image):
-    prompt = _prompt(scaled_bundle, road_image)
-    trace = []
-    settings = DecodeSettings(block_size=32, steps=32, schedule="prefix", threshold=0.5, max_new_tokens=64)
-    result = _cached(scaled_bundle, prompt, settings, trace)
-    for t in trace:  # what is fixed after each step is a prefix of the block
-        fixed = (t.block != scaled_bundle.mask_token_id).int()
-        assert fixed.tolist() == sorted(fixed.tolist(), reverse=True)
-    assert max(int(t.fixed.sum()) for t in trace) > 1 and result.forward_calls < 64
 
 
 def test_eos_stops_after_its_block(scaled_bundle, road_image):
@@ -227,7 +209,7 @@ def test_eos_stops_after_its_block(scaled_bundle, road_image):
 
 @pytest.mark.parametrize(
     "kwargs", [dict(block_size=0), dict(steps=0), dict(threshold=0.0), dict(threshold=1.5),
-               dict(schedule="random"), dict(max_new_tokens=0)]
+               dict(schedule="random"), dict(schedule="prefix"), dict(max_new_tokens=0)]
 )
 def test_bad_decode_settings_are_refused(kwargs):
     with pytest.raises(DecodeSettingsError):

@@ -36,11 +36,13 @@ from wamdiff_ros.format import (
     detect_prompt,
     check_format_version,
     format_boxes,
+    has_route_line,
     parse_boxes,
+    parse_route_line,
     parse_text,
     parse_waypoints,
     plan_prompt,
-    reformat_waypoints,
+    route_line,
     waypoint_grammar_complete,
     lateral_range,
     waypoint_range,
@@ -50,8 +52,8 @@ from wamdiff_ros.format import format_waypoints as format_any
 from wamdiff_ros.format import waypoint_grammar_run as grammar_run_any
 from wamdiff_ros.format import waypoint_grammar_step as grammar_step_any
 
-# Most tests below pin waypoint format version 1, the paper's free width; version 2 (fixed width, the default the
-# package writes) has its own section at the end and shares the parser.
+# Most tests below pin waypoint format version 1, the paper's free width; version 3 (fixed-width x, y as sideways
+# bins, the default the package writes) has its own section at the end and shares the parser.
 format_waypoints = functools.partial(format_any, version=1)
 waypoint_grammar_run = functools.partial(grammar_run_any, version=1)
 waypoint_grammar_step = functools.partial(grammar_step_any, version=1)
@@ -562,102 +564,8 @@ def test_format_waypoints_refuses_nan() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Version 2: fixed width (3 integer places, zero-padded, a minus sign taking the first)
-
-EXAMPLE_TEXT_V2 = ("001.50,000.00,003.25,-00.01,005.00,-00.10,007.12,-00.30,009.40,-00.55,011.00,-00.90,013.33,"
-                   "-01.20,015.00,-01.60")
-
-
-def _accepts_v2(text: str) -> bool:
-    return waypoint_grammar_complete(grammar_run_any(WAYPOINT_GRAMMAR_START, text, version=2))
-
-
-def test_version_2_is_the_default_and_writes_fixed_width() -> None:
-    assert FORMAT_VERSION == 2 and FORMAT_VERSIONS == (1, 2, 3)
-    assert format_any(EXAMPLE) == format_any(EXAMPLE, version=2) == EXAMPLE_TEXT_V2
-    assert all(len(n) == 6 for n in EXAMPLE_TEXT_V2.split(","))
-    np.testing.assert_array_equal(parse_waypoints(EXAMPLE_TEXT_V2).waypoints, EXAMPLE.astype(np.float32))
-
-
-@pytest.mark.parametrize(
-    ("value", "text"),
-    [(0.0, "000.00"), (-0.004, "000.00"), (-0.006, "-00.01"), (7.5, "007.50"), (-7.5, "-07.50"),
-     (-12.345, "-12.35"), (123.456, "123.46"), (-99.99, "-99.99"), (-100.0, "-99.99"), (-1e6, "-99.99"),
-     (999.994, "999.99"), (math.inf, "999.99")],
-)
-def test_version_2_rounds_pads_and_clips(value: float, text: str) -> None:
-    out = format_any(np.full((NUM_WAYPOINTS, 2), value), version=2)
-    assert out == ",".join([text] * 2 * NUM_WAYPOINTS)
-    assert waypoint_text_version(out) == 2 and _accepts_v2(out)
-
-
-@given(waypoint_arrays)
-def test_version_2_round_trip_and_grammar(wp: np.ndarray) -> None:
-    text = format_any(wp, version=2)
-    assert waypoint_text_version(text) == 2 and _accepts_v2(text)
-    low, high = waypoint_range(2)
-    np.testing.assert_allclose(parse_waypoints(text).waypoints, np.clip(wp, low, high), rtol=0, atol=TOLERANCE)
-
-
-def test_reformat_between_versions_keeps_values() -> None:
-    assert reformat_waypoints(EXAMPLE_TEXT, 2) == EXAMPLE_TEXT_V2
-    assert reformat_waypoints(EXAMPLE_TEXT_V2, 1) == EXAMPLE_TEXT
-    assert reformat_waypoints("1.00,2.00", 2) is None
-
-
-def test_text_version_of_answers() -> None:
-    assert waypoint_text_version(EXAMPLE_TEXT) == 1
-    assert waypoint_text_version(EXAMPLE_TEXT_V2) == 2
-    assert waypoint_text_version(EXAMPLE_TEXT_V2 + CHAT_END) == 2
-    assert waypoint_text_version("garbage") is None
-    assert waypoint_text_version(",".join(["100.00"] * 15 + ["1.00"])) == 1  # one free-width number: version 1
-
-
-@pytest.mark.parametrize("text", [EXAMPLE_TEXT, "1.00", "-0.00", "-000.00", "0000.00", "-1.00", "00.00", "+00.00"])
-def test_version_2_grammar_refuses_other_widths(text: str) -> None:
-    state = grammar_run_any(WAYPOINT_GRAMMAR_START, text, version=2)
-    assert state == -1 or not waypoint_grammar_complete(state)
-    if text == EXAMPLE_TEXT:
-        assert state == -1
-
-
-def test_version_2_grammar_every_prefix_alive_and_states_can_finish() -> None:
-    for i in range(len(EXAMPLE_TEXT_V2)):
-        state = grammar_run_any(WAYPOINT_GRAMMAR_START, EXAMPLE_TEXT_V2[:i], version=2)
-        assert state >= 0 and not waypoint_grammar_complete(state)
-    reached, frontier, edges = {WAYPOINT_GRAMMAR_START}, [WAYPOINT_GRAMMAR_START], {}
-    while frontier:
-        state = frontier.pop()
-        edges[state] = {n for ch in GRAMMAR_ALPHABET if (n := grammar_step_any(state, ch, version=2)) >= 0}
-        for nxt in edges[state] - reached:
-            reached.add(nxt)
-            frontier.append(nxt)
-    assert len(reached) == WAYPOINT_GRAMMAR_STATES - 2 * NUM_WAYPOINTS  # the sign state is not used
-    finishing, changed = {WAYPOINT_GRAMMAR_STATES - 1}, True
-    while changed:
-        grown = {s for s in reached if edges[s] & finishing} | finishing
-        changed, finishing = grown != finishing, grown
-    assert finishing == reached
-
-
-fixed_width_answers = waypoint_arrays.map(lambda wp: format_any(wp, version=2))
-
-
-@given(st.one_of(st.text(alphabet=GRAMMAR_ALPHABET, max_size=120), mutated_answers(fixed_width_answers),
-                 mutated_answers()))
-def test_version_2_grammar_complete_iff_fixed_width_parse(text: str) -> None:
-    assert _accepts_v2(text) == (waypoint_text_version(text) == 2)
-
-
-def test_unknown_version_is_refused() -> None:
-    with pytest.raises(ValueError, match="format version 4"):
-        check_format_version(4)
-    with pytest.raises(ValueError, match="format version 0"):
-        format_any(EXAMPLE, version=0)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Version 3: x as version 2, every y a sideways bin letter (a..i, e = 0) and its residual + 5 m
+# Version 3, the default: every x in fixed width (3 integer places, zero-padded, a minus sign taking the first),
+# every y a sideways bin letter (a..i, e = 0) and its residual + 5 m in the same width
 
 EXAMPLE_TEXT_V3 = ("001.50,e05.00,003.25,e04.99,005.00,e04.90,007.12,e04.70,009.40,e04.45,011.00,e04.10,013.33,"
                    "e03.80,015.00,e03.40")
@@ -672,14 +580,51 @@ def _accepts_v3(text: str) -> bool:
     return waypoint_grammar_complete(grammar_run_any(WAYPOINT_GRAMMAR_START, text, version=3))
 
 
+def _fixed_width_texts(values: np.ndarray) -> list[str]:
+    """``values`` (NUM_WAYPOINTS of them) each written as version 3 writes an x."""
+    return format_any(np.column_stack([values, np.zeros(NUM_WAYPOINTS)]), version=3).split(",")[::2]
+
+
+def _unbinned(wp: np.ndarray) -> str:
+    """An answer with every number, y too, in the fixed x width and no bin letters: a near miss of version 3 that
+    parses as version 1."""
+    xs, ys = _fixed_width_texts(wp[:, 0]), _fixed_width_texts(wp[:, 1])
+    return ",".join(f"{x},{y}" for x, y in zip(xs, ys))
+
+
+def test_version_3_is_the_default_and_version_2_is_gone() -> None:
+    assert FORMAT_VERSION == 3 and FORMAT_VERSIONS == (1, 3)
+    assert format_any(EXAMPLE) == format_any(EXAMPLE, version=3) == EXAMPLE_TEXT_V3
+    assert all(len(n) == 6 for n in EXAMPLE_TEXT_V3.split(","))
+    np.testing.assert_allclose(parse_waypoints(EXAMPLE_TEXT_V3).waypoints, EXAMPLE, rtol=0, atol=TOLERANCE)
+    with pytest.raises(ValueError, match="format version 2"):
+        format_any(EXAMPLE, version=2)
+    with pytest.raises(ValueError, match="format version 2"):
+        grammar_run_any(WAYPOINT_GRAMMAR_START, EXAMPLE_TEXT_V3, version=2)
+
+
 def test_version_3_exact_text_and_parse() -> None:
-    assert format_any(EXAMPLE, version=3) == EXAMPLE_TEXT_V3
     assert format_any(TURN, version=3) == TURN_TEXT_V3  # the turn's y leaves the straight road's bin e
     assert all(len(n) == 6 for n in TURN_TEXT_V3.split(","))
     for wp, text in ((EXAMPLE, EXAMPLE_TEXT_V3), (TURN, TURN_TEXT_V3)):
         parsed = parse_waypoints(text + CHAT_END)
         assert parsed.valid and waypoint_text_version(text) == 3 and _accepts_v3(text)
         np.testing.assert_allclose(parsed.waypoints, wp, rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.0, "000.00"), (-0.004, "000.00"), (-0.006, "-00.01"), (7.5, "007.50"), (-7.5, "-07.50"),
+     (-12.345, "-12.35"), (123.456, "123.46"), (-99.99, "-99.99"), (-100.0, "-99.99"), (-1e6, "-99.99"),
+     (999.994, "999.99"), (math.inf, "999.99")],
+)
+def test_version_3_x_rounds_pads_and_clips(value: float, text: str) -> None:
+    wp = np.column_stack([np.full(NUM_WAYPOINTS, value), np.zeros(NUM_WAYPOINTS)])
+    out = format_any(wp, version=3)
+    assert out == ",".join([text, "e05.00"] * NUM_WAYPOINTS)
+    assert waypoint_text_version(out) == 3 and _accepts_v3(out)
+    np.testing.assert_allclose(parse_waypoints(out).waypoints[:, 0], np.clip(value, *waypoint_range(3)),
+                               atol=TOLERANCE)
 
 
 @pytest.mark.parametrize(
@@ -697,7 +642,7 @@ def test_version_3_bins_round_and_clip(value: float, text: str) -> None:
     np.testing.assert_allclose(parse_waypoints(out).waypoints[:, 1], np.clip(value, low, high), atol=TOLERANCE)
 
 
-@given(arrays(np.float64, (NUM_WAYPOINTS, 2), elements=st.floats(-60.0, 999.0)))
+@given(waypoint_arrays)
 def test_version_3_round_trip_and_grammar(wp: np.ndarray) -> None:
     text = format_any(wp, version=3)
     assert waypoint_text_version(text) == 3 and _accepts_v3(text)
@@ -705,10 +650,29 @@ def test_version_3_round_trip_and_grammar(wp: np.ndarray) -> None:
     np.testing.assert_allclose(parse_waypoints(text).waypoints, expected, rtol=0, atol=TOLERANCE)
 
 
-def test_version_3_reformat_and_text_versions() -> None:
-    assert reformat_waypoints(EXAMPLE_TEXT_V2, 3) == EXAMPLE_TEXT_V3
-    assert reformat_waypoints(EXAMPLE_TEXT_V3, 2) == EXAMPLE_TEXT_V2
-    assert waypoint_text_version(EXAMPLE_TEXT_V2) == 2
+def test_versions_keep_values_across_formats() -> None:
+    v1 = parse_waypoints(EXAMPLE_TEXT)
+    assert v1.valid and format_any(v1.waypoints.astype(np.float64), version=3) == EXAMPLE_TEXT_V3
+    v3 = parse_waypoints(EXAMPLE_TEXT_V3)
+    assert v3.valid and format_any(v3.waypoints.astype(np.float64), version=1) == EXAMPLE_TEXT
+
+
+def test_text_version_of_answers() -> None:
+    assert waypoint_text_version(EXAMPLE_TEXT) == 1
+    assert waypoint_text_version(EXAMPLE_TEXT_V3) == 3
+    assert waypoint_text_version(EXAMPLE_TEXT_V3 + CHAT_END) == 3
+    assert waypoint_text_version("garbage") is None
+    assert waypoint_text_version(_unbinned(EXAMPLE)) == 1  # fixed width without bins: free width that happens to pad
+    assert waypoint_text_version(",".join(["100.00"] * 15 + ["1.00"])) == 1  # one free-width number: version 1
+
+
+@pytest.mark.parametrize("text", [EXAMPLE_TEXT, "1.00", "-0.00", "-000.00", "0000.00", "-1.00", "00.00", "+00.00",
+                                  "001.50,000.00", "001.50,-00.01"])
+def test_version_3_grammar_refuses_other_widths(text: str) -> None:
+    state = grammar_run_any(WAYPOINT_GRAMMAR_START, text, version=3)
+    assert state == -1 or not waypoint_grammar_complete(state)
+    if text == EXAMPLE_TEXT or "," in text:  # a free-width x; a y without its bin
+        assert state == -1
 
 
 @pytest.mark.parametrize(
@@ -724,9 +688,10 @@ def test_version_3_parser_and_grammar_refuse_mixtures(text: str) -> None:
 
 
 def test_version_3_grammar_every_prefix_alive_and_states_can_finish() -> None:
-    for i in range(len(TURN_TEXT_V3)):
-        state = grammar_run_any(WAYPOINT_GRAMMAR_START, TURN_TEXT_V3[:i], version=3)
-        assert state >= 0 and not waypoint_grammar_complete(state)
+    for text in (EXAMPLE_TEXT_V3, TURN_TEXT_V3):
+        for i in range(len(text)):
+            state = grammar_run_any(WAYPOINT_GRAMMAR_START, text[:i], version=3)
+            assert state >= 0 and not waypoint_grammar_complete(state)
     reached, frontier, edges = {WAYPOINT_GRAMMAR_START}, [WAYPOINT_GRAMMAR_START], {}
     while frontier:
         state = frontier.pop()
@@ -734,6 +699,7 @@ def test_version_3_grammar_every_prefix_alive_and_states_can_finish() -> None:
         for nxt in edges[state] - reached:
             reached.add(nxt)
             frontier.append(nxt)
+    assert len(reached) == WAYPOINT_GRAMMAR_STATES - 2 * NUM_WAYPOINTS  # the sign state is not used
     finishing, changed = {WAYPOINT_GRAMMAR_STATES - 1}, True
     while changed:
         grown = {s for s in reached if edges[s] & finishing} | finishing
@@ -741,11 +707,46 @@ def test_version_3_grammar_every_prefix_alive_and_states_can_finish() -> None:
     assert finishing == reached
 
 
-binned_answers = arrays(np.float64, (NUM_WAYPOINTS, 2), elements=st.floats(-60.0, 999.0)).map(
-    lambda wp: format_any(wp, version=3))
+binned_answers = waypoint_arrays.map(lambda wp: format_any(wp, version=3))
+unbinned_answers = waypoint_arrays.map(_unbinned)
 
 
 @given(st.one_of(st.text(alphabet=V3_ALPHABET, max_size=120), mutated_answers(binned_answers, V3_ALPHABET),
-                 mutated_answers(fixed_width_answers, V3_ALPHABET)))
+                 mutated_answers(unbinned_answers, V3_ALPHABET)))
 def test_version_3_grammar_complete_iff_binned_parse(text: str) -> None:
     assert _accepts_v3(text) == (waypoint_text_version(text) == 3)
+
+
+def test_unknown_version_is_refused() -> None:
+    for version in (0, 2, 4):
+        with pytest.raises(ValueError, match=f"format version {version}"):
+            check_format_version(version)
+    with pytest.raises(ValueError, match="format version 0"):
+        format_any(EXAMPLE, version=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The optional route line of the plan prompt: one format, every number in version 3's x width
+
+ROUTE_TURN = np.array([[10.0, -0.77], [29.24, -15.3]])
+
+
+def test_route_line_writes_fixed_width_and_parses_back() -> None:
+    line = route_line(ROUTE_TURN)
+    assert line == "The route passes (010.00,-00.77) and (029.24,-15.30)"
+    np.testing.assert_allclose(parse_route_line(line), ROUTE_TURN, atol=1e-9)
+    far = route_line(np.array([[10.0, -150.0], [1500.0, 0.004]]))  # clipped to the fixed width's range
+    assert far == "The route passes (010.00,-99.99) and (999.99,000.00)"
+    for bad in (np.zeros((3, 2)), np.array([[10.0, math.nan], [30.0, 0.0]])):
+        with pytest.raises(ValueError, match="route points"):
+            route_line(bad)
+
+
+def test_plan_prompt_carries_the_route_line_after_the_command() -> None:
+    paper = plan_prompt(Command.RIGHT, (6.0, 0.1), (0.2, 0.0))
+    routed = plan_prompt(Command.RIGHT, (6.0, 0.1), (0.2, 0.0), ROUTE_TURN)
+    assert not has_route_line(paper) and parse_route_line(paper) is None
+    assert has_route_line(routed) and routed.replace(route_line(ROUTE_TURN) + "\n", "") == paper
+    lines = routed.split("\n")
+    assert lines[lines.index(route_line(ROUTE_TURN)) - 1].startswith("The navigation information is:")
+    np.testing.assert_allclose(parse_route_line(routed), ROUTE_TURN, atol=1e-9)

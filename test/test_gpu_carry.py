@@ -1,6 +1,6 @@
-"""The FlashInfer carry bundle for the GPU machine (bench/build_gpu_carry.sh, bench/README.md).
+"""The FlashInfer carry bundle for the GPU machine (tools/gpu_bundle/build_gpu_carry.sh, tools/gpu_bundle/README.md).
 
-Skips unless the bundle was built here (``bench/build_gpu_carry.sh``); it is not built in CI.
+Skips unless the bundle was built here (``tools/gpu_bundle/build_gpu_carry.sh``); it is not built in CI.
 """
 
 import hashlib
@@ -19,10 +19,10 @@ OUT = ROOT / "build" / "gpu_carry"
 WORK = ROOT / "build" / "gpu_carry_work"
 TAR = OUT / "site.tar.xz"
 CARRY_LIMIT = 64 * 2**20
-MARGIN = 8 * 2**20  # as bench/build_gpu_carry.sh (MARGIN_MIB)
+MARGIN = 8 * 2**20  # as tools/gpu_bundle/build_gpu_carry.sh (MARGIN_MIB)
 
 pytestmark = pytest.mark.skipif(
-    not TAR.is_file(), reason="GPU carry bundle not built (run bench/build_gpu_carry.sh)")
+    not TAR.is_file(), reason="GPU carry bundle not built (run tools/gpu_bundle/build_gpu_carry.sh)")
 
 # what the FA3/FA2 batch-prefill + page JIT needs on the device, beyond the manifest's keep-list
 NEEDED = [

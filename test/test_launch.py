@@ -58,13 +58,6 @@ def test_launch_file_is_consistent(path):
     assert used <= declared, used - declared
 
 
-def test_param_file_names_only_declared_parameters():
-    params = yaml.safe_load((ROOT / "config" / "planner.yaml").read_text())["/**"]["ros__parameters"]
-    source = (ROOT / "wamdiff_ros" / "ros" / "node.py").read_text()
-    declared = set(re.findall(r'^\s+p\("(\w+)"', source, re.M))
-    assert set(params) <= declared, set(params) - declared
-
-
 def test_fastdds_profile_enlarges_the_shared_memory_segment():
     text = (ROOT / "config" / "fastdds.xml").read_text()
     size = int(re.search(r"<segment_size>(\d+)</segment_size>", text).group(1))

@@ -29,6 +29,7 @@ def test_round_trip_keeps_weights_tokenizer_and_meta(saved, road_image):
     assert sorted(p.name for p in folder.glob("*.safetensors")) and not list(folder.glob("*.bin"))
     loaded = load_checkpoint(folder)
     assert loaded.meta == bundle.meta
+    assert (loaded.meta.format_version, loaded.meta.route_points) == (3, True)  # DecodeMeta's defaults
     assert loaded.mask_token_id == bundle.mask_token_id and loaded.eos_token_id == bundle.eos_token_id
     assert loaded.tokenizer.tokenize("12.34,-5.60") == bundle.tokenizer.tokenize("12.34,-5.60")
     a, b = bundle.model.state_dict(), loaded.model.state_dict()
@@ -52,6 +53,7 @@ def test_ar_checkpoint_refuses_blocks(saved, tmp_path):
     (copy / META_FILE).unlink()  # a plain Qwen3-VL checkpoint: autoregressive, next-token
     meta = load_checkpoint(copy).meta
     assert (meta.prediction, meta.format_version) == ("next_token", 1)  # a foreign model writes free-width numbers
+    assert not meta.route_points  # and was not trained with our route line
     with pytest.raises(CheckpointError, match="block_size 4 exceeds the checkpoint's trained block size 1"):
         Planner.from_pretrained(str(copy), block_size=4)
     planner = Planner.from_pretrained(str(copy))
@@ -64,6 +66,8 @@ def test_ar_checkpoint_refuses_blocks(saved, tmp_path):
         ({"prediction": "shifted"}, "prediction 'shifted'"),
         ({"prompt_attention": "full"}, "prompt_attention 'full'"),
         ({"format_version": 99}, "format_version 99"),
+        ({"format_version": 2}, "format_version 2"),  # fixed-width y without bins: no longer read
+        ({"route_points": "yes"}, "route_points 'yes'"),
         ({"prediction": "next_token", "trained_block_size": 8}, "trained_block_size 1"),
         ({"unknown_key": 1}, "bad decode metadata"),
     ],
@@ -141,6 +145,7 @@ def test_wam_diff2_renamed_checkpoint_loads(saved, tmp_path):
     assert loaded.meta.trained_block_size == 32 and loaded.meta.prediction == "in_place"
     assert loaded.meta.prompt_attention == "block_causal"
     assert loaded.meta.format_version == 1  # the paper's free-width waypoints
+    assert not loaded.meta.route_points  # the paper's prompt has no route line
     a, b = bundle.model.state_dict(), loaded.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 

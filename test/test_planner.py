@@ -1,16 +1,19 @@
 """The planner facade: typed errors for bad inputs, and plans that always parse under the grammar constraint."""
 
+import logging
 import math
 
 import numpy as np
 import pytest
 
+from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import CommandError, EgoStateError, ImageError, InputError
 from wamdiff_ros.model import DecodeMeta, tiny_random
 from wamdiff_ros.planner import EgoState, Planner, waypoint_confidence
 
 EGO = EgoState((5.0, 0.1), (0.2, 0.0))
+ROUTE = np.array([[10.0, -0.77], [29.24, -4.17]])  # the route lane's centre 10 m and 30 m ahead, ego frame
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +85,7 @@ def test_constrained_plans_always_parse(seed, settings):
         ego = EgoState(tuple(rng.normal(0, 5, 2)), tuple(rng.normal(0, 1, 2)))
         plan = planner.plan(image, ego, command)
         assert plan.valid, (plan.reason, plan.text)
+        assert fmt.waypoint_text_version(plan.text) == planner.bundle.meta.format_version == fmt.FORMAT_VERSION
         assert plan.waypoints.shape == (8, 2) and plan.waypoints.dtype == np.float32
         assert np.isfinite(plan.waypoints).all()
         assert plan.waypoint_confidence.shape == (8,)
@@ -128,3 +132,50 @@ def test_waypoint_confidence_counts_version_3_bin_letters():
     conf[7] = 0.2  # the bin letter of waypoint 1's y
     out = waypoint_confidence(texts, conf)
     assert out[0] == pytest.approx(0.2) and out[1] == pytest.approx(0.5) and out[7] == pytest.approx(0.5)
+
+
+def _spy_prompts(planner, monkeypatch) -> list[str]:
+    """The user prompts ``planner`` decodes from, in order."""
+    prompts, run = [], planner._run
+
+    def spy(user_text, image, constraint):
+        prompts.append(user_text)
+        return run(user_text, image, constraint)
+
+    monkeypatch.setattr(planner, "_run", spy)
+    return prompts
+
+
+def _warnings(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "wamdiff_ros.planner" and r.levelno == logging.WARNING]
+
+
+def test_route_trained_model_uses_the_route_and_warns_once_without_one(tiny_bundle, road_image, caplog, monkeypatch):
+    assert tiny_bundle.meta.route_points  # DecodeMeta's defaults are the shipped model's: trained with route points
+    planner = Planner(tiny_bundle, DecodeSettings(block_size=32, steps=4, schedule="static"))
+    prompts = _spy_prompts(planner, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="wamdiff_ros.planner"):
+        used = planner.plan(road_image, EGO, "left", route=ROUTE)
+        assert used.stats.route == "used" and not _warnings(caplog)
+        missing = [planner.plan(road_image, EGO, command) for command in ("left", "right")]
+    assert [p.stats.route for p in missing] == ["missing", "missing"]
+    assert all(p.valid for p in [used, *missing])
+    warned = _warnings(caplog)
+    assert len(warned) == 1 and "route" in warned[0].getMessage()  # once per planner, not once per plan
+    assert fmt.route_line(ROUTE) in prompts[0]
+    np.testing.assert_allclose(fmt.parse_route_line(prompts[0]), ROUTE)
+    assert not any(fmt.has_route_line(p) for p in prompts[1:])
+    assert prompts[0].replace(fmt.route_line(ROUTE) + "\n", "") == prompts[1]  # the route line is the one change
+
+
+def test_model_without_route_points_ignores_a_given_route(road_image, caplog, monkeypatch):
+    bundle = tiny_random(seed=2, meta=DecodeMeta(route_points=False))
+    planner = Planner(bundle, DecodeSettings(block_size=32, steps=4, schedule="static"))
+    prompts = _spy_prompts(planner, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="wamdiff_ros.planner"):
+        given = planner.plan(road_image, EGO, "left", route=ROUTE)
+        none = planner.plan(road_image, EGO, "left")
+    assert given.stats.route == none.stats.route == "unused" and not _warnings(caplog)
+    assert not any(fmt.has_route_line(p) for p in prompts)
+    assert prompts[0] == prompts[1] == fmt.plan_prompt(fmt.Command.LEFT, EGO.velocity, EGO.acceleration)
+    assert given.text == none.text  # the same prompt: the same greedy plan

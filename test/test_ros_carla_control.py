@@ -22,7 +22,7 @@ from wamdiff_ros.errors import InputError  # noqa: E402
 from wamdiff_ros.msg import PlannerOutput  # noqa: E402
 from wamdiff_ros.ros import bridge_msgs as bm  # noqa: E402
 from wamdiff_ros.ros.bridge_sync import bicycle_yaw_rate  # noqa: E402
-from wamdiff_ros.world.types import Pose2D  # noqa: E402
+from wamdiff_ros.geometry import Pose2D  # noqa: E402
 
 DOMAIN_ID = 232
 HAVE_CARLA_MSGS = importlib.util.find_spec("carla_msgs") is not None

@@ -34,7 +34,7 @@ from wamdiff_ros.ros import conversions as conv  # noqa: E402
 from wamdiff_ros.ros.bridge_sync import PlanTracker, PoseHistory, ReceivedPlan, TickGate  # noqa: E402
 from wamdiff_ros.ros.outputs import planner_output_msg  # noqa: E402
 from wamdiff_ros.world.camera import CameraConfig  # noqa: E402
-from wamdiff_ros.world.types import Pose2D  # noqa: E402
+from wamdiff_ros.geometry import Pose2D  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOMAIN_ID = 232  # Fast DDS accepts 0-232; the in-process tests turn discovery off and need no domain of their own

@@ -72,10 +72,11 @@ def test_live_parameters_apply_and_bad_ones_are_refused(harness):
     assert not set_param(h, "threshold", 2.0)  # out of the declared range
     assert not set_param(h, "schedule", "random")
     assert set_param(h, "block_size", 32)
-    assert set_param(h, "x_order", True)  # the x ordering rule, live
+    assert not set_param(h, "schedule", "prefix")  # not a schedule
+    assert set_param(h, "schedule", "static")  # live
     _, plan = round_trip(h)
     assert plan is not None
-    assert set_param(h, "x_order", False)
+    assert set_param(h, "schedule", "threshold")
 
 
 def test_bad_inputs_leave_the_node_answering(harness):

@@ -1,7 +1,7 @@
-"""``~/input/route`` (nav_msgs/Path): the node turns the latest route into the planner's route points for a model
-that wants them, refuses a route in another frame than the odometry's (reported, planning goes on), survives a
-malformed one, and never passes ``route=`` to a model that does not want route points. One process, own rclpy
-context; the planning cycle is driven directly, the route arrives over DDS."""
+"""``~/input/route`` (nav_msgs/Path): the node turns the latest route into the planner's route points, refuses a
+route in another frame than the odometry's (reported, planning goes on) and survives a malformed one; the Planner
+decides whether the model's prompt takes them. One process, own rclpy context; the planning cycle is driven
+directly, the route arrives over DDS."""
 
 import math
 import time
@@ -33,6 +33,12 @@ EGO_X, EGO_Y, EGO_YAW = 5.0, 1.0, 0.1
 def route_model(tmp_path_factory) -> str:
     bundle = tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8, route_points=True), hidden=64, layers=2)
     return str(save_checkpoint(bundle, tmp_path_factory.mktemp("route_model") / "ckpt"))
+
+
+@pytest.fixture(scope="module")
+def plain_model(tmp_path_factory) -> str:
+    bundle = tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8, route_points=False), hidden=64, layers=2)
+    return str(save_checkpoint(bundle, tmp_path_factory.mktemp("plain_model") / "ckpt"))
 
 
 class Running:
@@ -121,9 +127,10 @@ def _expected(route_xy) -> np.ndarray:
 def test_a_model_that_wants_route_points_gets_them_from_the_route_topic(monkeypatch, route_model):
     run = Running(monkeypatch, route_model, domain=41)
     try:
-        assert run.node.planner.wants_route_points
-        assert run.cycle() is None  # no route yet: plans without, as before
-        assert run.diagnostics_values()["route"] == "none"
+        assert run.node.planner.bundle.meta.route_points
+        assert run.cycle() is None  # no route yet: plans without
+        values = run.diagnostics_values()
+        assert values["route"] == "none" and values["route_in_prompt"] == "missing"
 
         straight = [(x, -2.0) for x in np.arange(0.0, 101.0, 1.0)]
         run.send_route(straight)
@@ -131,7 +138,7 @@ def test_a_model_that_wants_route_points_gets_them_from_the_route_topic(monkeypa
         assert got is not None and np.asarray(got).shape == (2, 2)
         np.testing.assert_allclose(got, _expected(straight), atol=1e-6)
         values = run.diagnostics_values()
-        assert values["route"] == "used" and values["route_age_s"] != "none"
+        assert values["route"] == "used" and values["route_age_s"] != "none" and values["route_in_prompt"] == "used"
         bad = run.node.counters.bad_input
 
         # a route in another frame than the odometry's: refused, reported, planning goes on without it
@@ -161,15 +168,17 @@ def test_a_model_that_wants_route_points_gets_them_from_the_route_topic(monkeypa
         run.close()
 
 
-def test_a_model_without_route_points_never_gets_a_route(monkeypatch):
-    run = Running(monkeypatch, "tiny-random", domain=42)  # the shipped student wants them (v12); tiny-random does not
+def test_a_model_without_route_points_plans_with_the_papers_prompt(monkeypatch, plain_model):
+    run = Running(monkeypatch, plain_model, domain=42)
+    prompts = []
+    real_prompt = fmt.plan_prompt
+    monkeypatch.setattr(fmt, "plan_prompt", lambda *a, **k: prompts.append(real_prompt(*a, **k)) or prompts[-1])
     try:
-        assert not run.node.planner.wants_route_points
-        assert run.cycle() == "absent"
-        run.send_route([(x, 0.0) for x in np.arange(0.0, 101.0, 1.0)])
-        assert run.node._route is not None  # received, but not for this model
-        assert run.cycle() == "absent"
-        assert run.calls[-1][1] == {}  # plan(image, ego, command), exactly as before route points existed
-        assert "route" not in run.diagnostics_values()
+        assert not run.node.planner.bundle.meta.route_points
+        straight = [(x, 0.0) for x in np.arange(0.0, 101.0, 1.0)]
+        run.send_route(straight)
+        np.testing.assert_allclose(run.cycle(), _expected(straight), atol=1e-6)  # the node passes what it has
+        assert not fmt.has_route_line(prompts[-1])  # the planner leaves it out of this model's prompt
+        assert run.diagnostics_values()["route_in_prompt"] == "unused"
     finally:
         run.close()

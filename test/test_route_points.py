@@ -1,9 +1,10 @@
 """The optional route points of the plan prompt (``fmt.route_line``; not in the paper's prompt), end to end: the world
 computes them (``World.route_points``: straight ahead on a straight road, bending to a turn's side, one per route),
-``wamdiff-data generate / recoveries --route-points`` write them into every plan prompt (a counterfactual record its
-own command's route) and leave the prompts alone without the flag, a checkpoint records whether it was trained with
-them (``DecodeMeta.route_points``), ``Planner.plan`` checks and writes them, and the closed-loop evaluator passes them
-only to a model whose metadata asks. Small worlds and short episodes; each test runs in a few seconds."""
+``wamdiff-train data generate / recoveries --route-points`` write them into every plan prompt (a counterfactual record
+its own command's route), say so in the manifest and leave the prompts alone without the flag, a checkpoint records
+whether it was trained with them (``DecodeMeta.route_points``), ``Planner.plan`` checks them, and the world's drivers
+(closed loop, DAgger) are always given the world's route points. Small worlds and short episodes; each test runs in a
+few seconds."""
 
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import CheckpointError, InputError, RouteError
 from wamdiff_ros.model import META_FILE, DecodeMeta, load_checkpoint, save_checkpoint, tiny_random
 from wamdiff_ros.planner import EgoState, Plan, Planner
+from wamdiff_ros.world.closed_loop import LoopConfig, ModelPlanner, Observation, PlanResult, run_episode
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
-from wamdiff_ros.world.closed_loop import LoopConfig, ModelPlanner, Observation, run_episode
-from wamdiff_ros.world.dataset import main
-from wamdiff_ros.world.demonstrations import NoiseConfig, RolloutConfig, rollout
-from wamdiff_ros.world.recoveries import displace_ego
 from wamdiff_ros.world.scenarios import load_scenarios
 from wamdiff_ros.world.sim import World
+from wamdiff_training.world.dataset import main
+from wamdiff_training.world.demonstrations import NoiseConfig, RolloutConfig, rollout
+from wamdiff_training.world.recoveries import displace_ego
 
 try:
     import wamdiff_training  # noqa: F401
@@ -209,16 +210,19 @@ def test_recoveries_with_route_points(tmp_path):
         assert y1 == pytest.approx(-10.0 * math.sin(h) - o * math.cos(h), abs=1e-6)
 
 
-def test_a_dagger_driver_that_wants_route_points_gets_the_frames_own():
-    calls: list[tuple[float, np.ndarray]] = []
+def test_a_dagger_driver_gets_the_frames_own_route_points():
+    calls: list[tuple[fmt.Command, np.ndarray]] = []
 
     class RouteDriver:
-        wants_route_points = True
+        name, needs_camera = "route_driver", True
 
-        def __call__(self, image, velocity, acceleration, command, route=None):
-            calls.append((command, np.asarray(route)))
+        def reset(self, world) -> None:
+            pass
+
+        def plan(self, obs: Observation, route=None) -> PlanResult:
+            calls.append((obs.command, np.asarray(route)))
             t = np.arange(1, fmt.NUM_WAYPOINTS + 1)[:, None] * fmt.WAYPOINT_DT_S
-            return np.concatenate([float(np.hypot(*velocity)) * t, 0.0 * t], axis=1)
+            return PlanResult(np.concatenate([float(np.hypot(*obs.ego_velocity)) * t, 0.0 * t], axis=1))
 
     config = replace(QUIET, max_seconds=3.0, expert_share=0.0, route_points=True)
     ep = rollout(SET.get("intersection"), _seed("right"), config, SET, driver=RouteDriver())
@@ -228,48 +232,17 @@ def test_a_dagger_driver_that_wants_route_points_gets_the_frames_own():
 
 
 # ---------------------------------------------------------------------------------------------- checkpoint metadata
-def test_decode_meta_round_trips_route_points_and_old_files_load_without(tmp_path):
-    assert DecodeMeta().route_points is False
+def test_decode_meta_round_trips_route_points(tmp_path):
     shipped = json.loads((Path(__file__).resolve().parents[1] / "wamdiff_ros/assets/wamdiff-tiny" / META_FILE)
                          .read_text())
-    assert shipped["route_points"] is True  # the shipped student (v12) was trained with the route line
-    bundle = tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8, route_points=True), hidden=64, layers=2)
-    folder = save_checkpoint(bundle, tmp_path / "ckpt")
-    assert json.loads((folder / META_FILE).read_text())["route_points"] is True
-    loaded = load_checkpoint(folder)
-    assert loaded.meta == bundle.meta and loaded.meta.route_points is True
-    assert Planner.from_pretrained(str(folder)).wants_route_points
-    old = {k: v for k, v in json.loads((folder / META_FILE).read_text()).items() if k != "route_points"}
-    (folder / META_FILE).write_text(json.dumps(old))
-    assert load_checkpoint(folder).meta == replace(bundle.meta, route_points=False)
+    assert shipped["route_points"] is True  # the shipped student was trained with the route line
+    for flag in (True, False):
+        bundle = tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8, route_points=flag), hidden=64, layers=2)
+        folder = save_checkpoint(bundle, tmp_path / f"ckpt_{flag}")
+        assert json.loads((folder / META_FILE).read_text())["route_points"] is flag
+        assert load_checkpoint(folder).meta == bundle.meta
     with pytest.raises(CheckpointError, match="route_points"):
         DecodeMeta(route_points="yes")
-
-
-def test_training_records_whether_plan_prompts_carry_the_route_line():
-    from wamdiff_training.data import Record
-    from wamdiff_training.engine import _meta, route_points_in
-
-    def record(task: str, user: str) -> Record:
-        return Record(f"r{len(user)}{task}", Path("x.png"), "<image>\n" + user, "answer", task)
-
-    paper = record("plan", fmt.plan_prompt(fmt.Command.LEFT, (5.0, 0.0), (0.0, 0.0)))
-    routed = record("plan", fmt.plan_prompt(fmt.Command.LEFT, (5.0, 0.0), (0.0, 0.0), ROUTE))
-    ask = record("ask", fmt.ask_prompt("Is there a car ahead? " + ROUTE_LINE))
-    assert route_points_in([paper, ask]) is False
-    assert route_points_in([paper, routed, ask]) is True
-    assert route_points_in([ask]) is None  # no plans: the metadata keeps what the model had
-
-    class Stage:
-        def decode_meta(self, meta):
-            return meta
-
-    class Bundle:
-        meta = DecodeMeta(route_points=True)
-
-    assert _meta(Stage(), Bundle(), 2, False).route_points is False
-    assert _meta(Stage(), Bundle(), None, None) == Bundle.meta
-    assert _meta(Stage(), Bundle(), 1, True) == replace(Bundle.meta, format_version=1)
 
 
 # ------------------------------------------------------------------------------------------------------- the planner
@@ -289,33 +262,11 @@ def test_plan_rejects_a_malformed_route(planner, road_image, route, message):
     assert info.value.field == "route" and isinstance(info.value, InputError)
 
 
-def test_plan_writes_the_route_into_its_prompt(planner, road_image, monkeypatch):
-    seen: list[str] = []
-
-    class Captured(Exception):
-        pass
-
-    def capture(user_text, image, constraint):
-        seen.append(user_text)
-        raise Captured
-
-    monkeypatch.setattr(planner, "_run", capture)
-    for route in (None, ROUTE, ROUTE.tolist()):
-        with pytest.raises(Captured):
-            planner.plan(road_image, EGO, "left", route=route)
-    assert seen[0] == fmt.plan_prompt(fmt.Command.LEFT, EGO.velocity, EGO.acceleration)
-    assert seen[1] == seen[2] == fmt.plan_prompt(fmt.Command.LEFT, EGO.velocity, EGO.acceleration, ROUTE)
-    assert _line(seen[1]) == ROUTE_LINE and _line(seen[0]) is None
-    assert not planner.wants_route_points  # the default metadata: the paper's prompt
-
-
 # ----------------------------------------------------------------------------------------------------- the evaluator
 class FakePlanner:
-    """Records each call's arguments; a plan without ``route`` raises when the planner was built not to want one."""
+    """Records each call's arguments."""
 
-    def __init__(self, wants: bool | None) -> None:
-        if wants is not None:
-            self.wants_route_points = wants
+    def __init__(self) -> None:
         self.calls: list[dict] = []
 
     def plan(self, image, ego, command, **kwargs):
@@ -325,31 +276,19 @@ class FakePlanner:
                     valid=True)
 
 
-def _observation(world: World, command: fmt.Command | None = None) -> Observation:
+def _observation(world: World) -> Observation:
     frame = FrontCamera(world.geometry, CameraConfig(width=96, height=48)).render(world.ego_pose, world.others())
-    return Observation(frame, world.ego_velocity(), world.ego_acceleration(), command or world.command, world)
+    return Observation(frame, world.ego_velocity(), world.ego_acceleration(), world.command, world)
 
 
-@pytest.mark.parametrize("wants", [None, False])
-def test_the_evaluator_passes_no_route_to_a_model_without_it(wants):
-    fake = FakePlanner(wants)
-    planner = ModelPlanner(fake)
-    assert planner.route_points is False
-    world = World(SET.get("intersection"), _seed("left"), SET)
-    planner.plan(_observation(world))
-    assert fake.calls == [{"command": fmt.Command.LEFT}]  # called exactly as before the route points existed
-
-
-def test_the_evaluator_passes_the_worlds_route_points_when_the_meta_asks():
-    fake = FakePlanner(True)
+def test_the_evaluator_gives_the_planner_the_worlds_route_points():
+    fake = FakePlanner()
     planner = ModelPlanner(fake)
     world = World(SET.get("intersection"), _seed("left"), SET)
-    planner.plan(_observation(world))
+    planner.plan(_observation(world), route=world.route_points())
     np.testing.assert_array_equal(fake.calls[-1]["route"], world.route_points())
-    # a probe asking under another command gets that command's route while the world offers it
-    right = world.alternative_routes()[fmt.Command.RIGHT]
-    planner.plan(_observation(world, fmt.Command.RIGHT))
-    np.testing.assert_array_equal(fake.calls[-1]["route"], world.route_points(right))
+    planner.plan(_observation(world))
+    assert fake.calls[-1]["route"] is None  # the Planner, not the evaluator, decides what a missing route means
     # in a closed-loop episode: one route per plan, the world's at that instant
     spec = replace(SET.get("intersection"), duration_s=2.0)
     fake.calls.clear()
@@ -358,17 +297,10 @@ def test_the_evaluator_passes_the_worlds_route_points_when_the_meta_asks():
     assert all(c["command"] == fmt.Command.LEFT for c in fake.calls)
 
 
-def test_a_planner_built_from_route_point_metadata_wants_them(planner):
-    bundle = tiny_random(seed=1, meta=DecodeMeta(route_points=True), hidden=64, layers=2)
-    routed = Planner(bundle, DecodeSettings(block_size=8, steps=4, schedule="static"))
-    assert routed.wants_route_points and ModelPlanner(routed).route_points
-    assert not ModelPlanner(planner).route_points
-
-
-@pytest.mark.parametrize("route_format", [2, 3])
-def test_a_run_trained_on_route_point_prompts_saves_the_flag(tmp_path, route_format, monkeypatch):
-    """End to end: an export with --route-points (in ``route_format``), one AR training step, a checkpoint whose
-    metadata says so and a planner that then wants the points and writes them in that format."""
+@pytest.mark.parametrize("flag", [False, True])
+def test_a_run_saves_the_route_flag_of_its_exports_manifest(tmp_path, monkeypatch, flag):
+    """End to end: an export with or without --route-points, one AR training step, a checkpoint whose metadata says
+    what the export's manifest says, and a planner whose prompt then carries the route line or not."""
     from wamdiff_training import checkpoint
     from wamdiff_training.config import from_dict
     from wamdiff_training.engine import train
@@ -376,8 +308,7 @@ def test_a_run_trained_on_route_point_prompts_saves_the_flag(tmp_path, route_for
 
     out = tmp_path / "set"
     assert main(["generate", "--scenarios", "highway", "--episodes", "1", "--max-seconds", "2", "--questions", "0",
-                 "--route-points", "--route-format", str(route_format), "--out", str(out), "--preview", "0",
-                 "--no-progress"]) == 0
+                 *(["--route-points"] if flag else []), "--out", str(out), "--preview", "0", "--no-progress"]) == 0
     raw = {"data": {"train": [str(out / "train.json")]},
            "model": {"tiny": {"hidden": 64, "layers": 2}},
            "train": {"batch_size": 2, "steps": 1, "lr": 1e-3, "warmup": 0, "seed": 0},
@@ -385,14 +316,13 @@ def test_a_run_trained_on_route_point_prompts_saves_the_flag(tmp_path, route_for
     train(from_dict(raw), STAGES["ar"], "ar", progress=False)
     folder = checkpoint.resolve("latest", tmp_path / "run")
     meta = json.loads((folder / META_FILE).read_text())
-    assert meta["route_points"] is True and meta["route_format"] == route_format
+    assert meta["route_points"] is flag and meta["format_version"] == fmt.FORMAT_VERSION
     planner = Planner.from_pretrained(str(folder))
-    assert planner.wants_route_points
     seen: list[str] = []
     monkeypatch.setattr(planner, "_run", lambda text, image, constraint: seen.append(text) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
         planner.plan(np.zeros((48, 96, 3), np.uint8), EGO, "left", route=ROUTE)
-    assert _line(seen[0]) == fmt.route_line(ROUTE, route_format)
+    assert _line(seen[0]) == (fmt.route_line(ROUTE) if flag else None)
 
 
 def test_the_plan_cli_takes_route_points(capsys):

@@ -101,7 +101,7 @@ def test_it_agrees_with_the_worlds_route_points_at_an_intersection():
     """The route lanes of a right-turn intersection episode sampled every 0.5 m (in the world frame, as
     ``World.route_points`` mirrors them) and the ego pose in that frame: the helper gives the world's points within
     0.1 m, far from the turn and close to it (the far point in the turn)."""
-    from wamdiff_ros.world.recoveries import displace_ego
+    from wamdiff_training.world.recoveries import displace_ego
     from wamdiff_ros.world.scenarios import load_scenarios
     from wamdiff_ros.world.sim import World, mirror
 

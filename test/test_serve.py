@@ -1,5 +1,5 @@
 """wamdiff-serve and its wire format: framing errors, a real server subprocess (tiny-random), newest-wins, status;
-the optional route_xy and route points passed only to a model that wants them."""
+the optional route_xy, passed on to the planner as route points."""
 
 import dataclasses
 import io
@@ -235,7 +235,7 @@ def test_server_reset_drops_the_plan(server):
     with PlannerClient(server, timeout_s=30.0) as client:
         client.plan(_image().tobytes(), 128, 256, EGO, "straight")
         before = client.status()["values"]["resets"]
-        assert client.reset("new route") == {"reset": True, "route_points": False}  # tiny-random: no route points
+        assert client.reset("new route") == {"reset": True}
         reply = client.control(EGO)
         assert reply["control"]["braking"] and reply["control"]["reason"] == "brake: no plan"
         assert reply["control"]["brake"] == 1.0 and reply["plan_age_s"] is None
@@ -315,7 +315,7 @@ class _SlowPlanner:
     def __init__(self, seconds):
         self.seconds = seconds
 
-    def plan(self, image, ego, command):
+    def plan(self, image, ego, command, route=None):
         from wamdiff_ros.planner import Plan
 
         time.sleep(self.seconds)
@@ -390,7 +390,7 @@ def test_time_jump_resets_the_follower(stub_server):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Route points: the optional route_xy of a plan request, passed on only to a model that wants route points
+# Route points: the optional route_xy of a plan request, passed on to the planner (which decides whether to use it)
 
 
 def test_route_xy_field_checks():
@@ -429,14 +429,11 @@ def test_plan_request_carries_route_xy_only_when_given():
 
 
 class _RecordingPlanner(_SlowPlanner):
-    """Records each ``plan`` call's keyword arguments; ``wants_route_points`` as given (None: no such attribute, as
-    the stub planners above)."""
+    """Records each ``plan`` call's keyword arguments."""
 
-    def __init__(self, wants=None):
+    def __init__(self):
         super().__init__(0.0)
         self.calls = []
-        if wants is not None:
-            self.wants_route_points = wants
 
     def plan(self, image, ego, command, **kwargs):
         self.calls.append(kwargs)
@@ -446,11 +443,11 @@ class _RecordingPlanner(_SlowPlanner):
 STRAIGHT = [[float(x), 0.5] for x in range(-5, 46)]  # ego frame: the route 0.5 m to the left, 5 m behind to 45 ahead
 
 
-def test_server_passes_route_points_to_a_model_that_wants_them(stub_server):
-    planner = _RecordingPlanner(wants=True)
+def test_server_passes_route_points_to_the_planner(stub_server):
+    planner = _RecordingPlanner()
     server, address = stub_server(planner=planner)
     with PlannerClient(address, timeout_s=5.0) as client:
-        assert client.reset("new route") == {"reset": True, "route_points": True}
+        assert client.reset("new route") == {"reset": True}
         reply = client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=STRAIGHT)
         assert reply["plan"]["valid"]
         client.plan(_image().tobytes(), 128, 256, EGO, "left")  # no route: planned without the points
@@ -459,12 +456,12 @@ def test_server_passes_route_points_to_a_model_that_wants_them(stub_server):
     assert list(planner.calls[0]) == ["route"]
     np.testing.assert_allclose(planner.calls[0]["route"], [[10.0, 0.5], [30.0, 0.5]], atol=1e-9)
     assert planner.calls[1:] == [{"route": None}, {"route": None}]
-    assert values["route_points"] is True and values["route_used"] == 1
+    assert values["route_used"] == 1
     assert values["planned"] == 3 and values["bad_input"] == 0
 
 
 def test_server_plans_without_route_points_it_cannot_compute(stub_server):
-    planner = _RecordingPlanner(wants=True)
+    planner = _RecordingPlanner()
     server, address = stub_server(planner=planner)
     with PlannerClient(address, timeout_s=5.0) as client:
         reply = client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=[[3.0, 1.0]] * 4)  # zero length
@@ -476,7 +473,7 @@ def test_server_plans_without_route_points_it_cannot_compute(stub_server):
 
 
 def test_server_refuses_a_malformed_route_xy(stub_server):
-    planner = _RecordingPlanner(wants=True)
+    planner = _RecordingPlanner()
     _, address = stub_server(planner=planner)
     with PlannerClient(address, timeout_s=5.0) as client:
         header, payload = messages.plan_request(_image().tobytes(), 128, 256, EGO, "left")
@@ -486,19 +483,6 @@ def test_server_refuses_a_malformed_route_xy(stub_server):
         assert err.value.code == ErrorCode.BAD_FRAME.value and err.value.field == "route_xy[1]"
         assert client.status()["values"]["bad_input"] == 1
     assert planner.calls == []
-
-
-@pytest.mark.parametrize("wants", [False, None])
-def test_server_never_passes_route_to_a_model_that_does_not_want_them(stub_server, wants):
-    planner = _RecordingPlanner(wants=wants)
-    _, address = stub_server(planner=planner)
-    with PlannerClient(address, timeout_s=5.0) as client:
-        assert client.reset("new route") == {"reset": True, "route_points": False}
-        client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=STRAIGHT)
-        client.plan(_image().tobytes(), 128, 256, EGO, "left")
-        values = client.status()["values"]
-    assert planner.calls == [{}, {}]  # called exactly as before route points existed
-    assert values["route_points"] is False and values["route_used"] == 0 and values["bad_input"] == 0
 
 
 def _recorded(monkeypatch, planner):
@@ -514,22 +498,20 @@ def _recorded(monkeypatch, planner):
 
 
 def test_real_planners_route_points_end_to_end(stub_server, monkeypatch, tmp_path):
-    """A model without route points (route_points false) gets no ``route=``; a tiny checkpoint with
-    ``route_points: true`` in its wamdiff.json gets the points, and its prompt carries the route line."""
+    """Both planners get ``route=``; the prompt of a model without route points (route_points false) has no route
+    line, a tiny checkpoint with ``route_points: true`` in its wamdiff.json carries it."""
     from wamdiff_ros import format as fmt
     from wamdiff_ros.decoding.settings import DecodeSettings
     from wamdiff_ros.model import DecodeMeta, load, save_checkpoint, tiny_random
     from wamdiff_ros.planner import Planner
 
-    plain = Planner(tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8), hidden=64, layers=2),
-                    DecodeSettings(block_size=8, steps=4, schedule="static"))
-    assert not plain.wants_route_points
+    plain = Planner(tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8, route_points=False), hidden=64,
+                                layers=2), DecodeSettings(block_size=8, steps=4, schedule="static"))
     plain_calls = _recorded(monkeypatch, plain)
     bundle = tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8, route_points=True), hidden=64, layers=2)
     folder = save_checkpoint(bundle, tmp_path / "ckpt")
     assert json.loads((folder / "wamdiff.json").read_text())["route_points"] is True
     route_model = Planner(load(str(folder)), DecodeSettings(block_size=8, steps=4, schedule="static"))
-    assert route_model.wants_route_points
     route_calls = _recorded(monkeypatch, route_model)
     prompts = []
     real_prompt = fmt.plan_prompt
@@ -537,10 +519,9 @@ def test_real_planners_route_points_end_to_end(stub_server, monkeypatch, tmp_pat
     for planner in (plain, route_model):
         _, address = stub_server(planner=planner)
         with PlannerClient(address, timeout_s=120.0) as client:
-            assert client.reset("new route")["route_points"] is planner.wants_route_points
             reply = client.plan(_image().tobytes(), 128, 256, EGO, "left", route_xy=STRAIGHT)
             assert np.asarray(reply["plan"]["waypoints"]).shape == (8, 2)
-    assert plain_calls == [{}]
+    assert list(plain_calls[0]) == ["route"]
     assert list(route_calls[0]) == ["route"]
     np.testing.assert_allclose(route_calls[0]["route"], [[10.0, 0.5], [30.0, 0.5]], atol=1e-9)
     assert not fmt.has_route_line(prompts[0])

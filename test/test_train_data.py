@@ -1,13 +1,13 @@
 """Tests for the training data pipeline (``wamdiff_training.data`` / ``.sampling``): records of a real export load,
 prompts are byte-identical to ``encode_prompt``'s, answers end with EOS, NAVSIM-style variants load, malformed files
-name file / record / field, and the sampler mixes, shards, resumes and repeats deterministically."""
+name file / record / field, the export's manifest states its format, and the sampler mixes, shards, resumes and
+repeats deterministically."""
 
 from __future__ import annotations
 
 import json
 import sys
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +22,10 @@ except ImportError:
 from wamdiff_ros import format as fmt
 from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.inputs import encode_prompt
-from wamdiff_ros.world.dataset import main as export
-from wamdiff_training.data import Record, RecordError, SampleDataset, answer_format_version, encode_record, load_records
-from wamdiff_training.data import SLOW_DOWN_M, mix_group, slows_down, turn_ahead
+from wamdiff_training.data import (SLOW_DOWN_M, Record, RecordError, SampleDataset, encode_record, load_records,
+                                   mix_group, read_manifest, slows_down, turn_ahead)
 from wamdiff_training.sampling import TaskMix, TaskMixSampler
+from wamdiff_training.world.dataset import main as export
 
 TASKS = ["plan"] * 30 + ["detect"] * 30 + ["ask"] * 60
 
@@ -183,53 +183,21 @@ def test_duplicate_ids_across_files_are_refused(exported):
         load_records([exported / "train.json", exported / "train.json"])
 
 
-def test_export_writes_fixed_width_and_reformat_converts_both_ways(exported, tmp_path, capsys):
-    records = load_records(exported / "train.json")
-    plans = [r for r in records if r.task == "plan"]
-    assert json.loads((exported / "manifest.json").read_text())["format_version"] == fmt.FORMAT_VERSION == 2
-    assert {fmt.waypoint_text_version(r.answer) for r in plans} == {2}
-    assert answer_format_version(records) == 2
-    assert export(["reformat", str(exported / "train.json"), "--version", "1", "--suffix", "_v1"]) == 0
-    assert f"{len(plans)} plan answers rewritten in format 1" in capsys.readouterr().out
-    old = load_records(exported / "train_v1.json")  # beside the original: the images resolve the same
-    assert answer_format_version(old) == 1 and all(r.image_path.is_file() for r in old)
-    for a, b in zip(records, old):
-        assert (a.id, a.user, a.task) == (b.id, b.user, b.task)
-        if a.task == "plan":
-            ours, theirs = fmt.parse_waypoints(a.answer), fmt.parse_waypoints(b.answer)
-            np.testing.assert_array_equal(ours.waypoints, theirs.waypoints)
-        else:
-            assert a.answer == b.answer
-    # one run trains one width: mixing the two is refused, naming both files
-    with pytest.raises(RecordError, match=r"train_v1\.json.*format 1.*train\.json.*format 2.*wamdiff-data reformat"):
-        answer_format_version(old + records)
-    # versions 2 and 3 as well (the check once looked up version 1 whatever the two were)
-    binned = [replace(r, answer=fmt.reformat_waypoints(r.answer, 3)) if r.task == "plan" else r for r in records]
-    with pytest.raises(RecordError, match=r"waypoint format 2 but .*waypoint format 3"):
-        answer_format_version(records + binned)
-    assert answer_format_version(binned) == 3
-    # in place, back to 2
-    copy = tmp_path / "train.json"
-    copy.write_text((exported / "train_v1.json").read_text())
-    assert export(["reformat", str(copy)]) == 0
-    assert json.loads(copy.read_text()) == json.loads((exported / "train.json").read_text())
-
-
-def test_reformat_refuses_a_plan_answer_that_does_not_parse_and_writes_nothing(exported, tmp_path, capsys):
-    raw = json.loads((exported / "train.json").read_text())
-    i = next(k for k, s in enumerate(raw) if s["task"] == "plan")
-    raw[i]["conversations"][1]["value"] = "1.00,2.00"
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(raw))
-    before = bad.read_text()
-    assert export(["reformat", str(bad), "--version", "1"]) == 2
-    err = capsys.readouterr().err
-    assert f"bad.json: record {i}" in err and "expected 16 numbers" in err and "nothing written" in err
-    assert bad.read_text() == before
-
-
-def test_answer_format_version_without_plans_is_none(exported):
-    assert answer_format_version([r for r in load_records(exported / "train.json") if r.task != "plan"]) is None
+def test_the_manifest_beside_an_export_states_its_format(exported, tmp_path):
+    manifest = read_manifest(exported / "train.json")
+    assert (manifest["format_version"], manifest["route_points"]) == (fmt.FORMAT_VERSION, False)
+    plans = [r for r in load_records(exported / "train.json") if r.task == "plan"]
+    assert plans and {fmt.waypoint_text_version(r.answer) for r in plans} == {fmt.FORMAT_VERSION}
+    assert read_manifest(tmp_path / "hand_written.json") is None  # no manifest beside it: the format is not known
+    for bad, field in (({"route_points": False}, "format_version"), ({"format_version": 2}, "format_version"),
+                       ({"format_version": True}, "format_version"),
+                       ({"format_version": 3, "route_points": "yes"}, "route_points")):
+        (tmp_path / "manifest.json").write_text(json.dumps(bad))
+        with pytest.raises(RecordError, match=f"manifest.json: {field}"):
+            read_manifest(tmp_path / "train.json")
+    (tmp_path / "manifest.json").write_text("[")
+    with pytest.raises(RecordError, match="cannot read the export manifest"):
+        read_manifest(tmp_path / "train.json")
 
 
 def test_task_mix_shares_and_probabilities():
@@ -271,7 +239,7 @@ def test_behaviour_and_question_groups_take_their_share_out_of_their_task():
     assert mix_group(record("plan", "yield"), weights) == "plan"  # no weight of its own: the plan task's share
     recovery = Record("rec", Path("x.png"), "", "", "plan", {"expert": "free", "command": "follow",
                                                              "recovery": {"offset_m": 0.5, "heading_rad": 0.01}})
-    assert mix_group(recovery, weights) == "plan"  # wamdiff-data recoveries frames: their own group when weighted
+    assert mix_group(recovery, weights) == "plan"  # wamdiff-train data recoveries frames: their own group when weighted
     assert mix_group(recovery, {**weights, "plan/recovery": 1.0}) == "plan/recovery"
     sampler = TaskMixSampler(groups, TaskMix(weights), batch_size=9, seed=0, epoch_size=900)
     drawn = Counter(groups[i] for batch in sampler for i in batch)

@@ -30,13 +30,13 @@ from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.errors import CheckpointError
 from wamdiff_ros.model import tiny_random
 from wamdiff_ros.planner import EgoState, Planner
-from wamdiff_ros.world.dataset import main as export
 from wamdiff_training import checkpoint, cli
 from wamdiff_training.config import ConfigError, from_dict, load_config
 from wamdiff_training.data import SampleDataset, load_records
 from wamdiff_training.engine import Runner, accumulate_gradients, build_optimizer, lr_factor, train
 from wamdiff_training.stages import STAGES
 from wamdiff_training.stages.ar import ArStage
+from wamdiff_training.world.dataset import main as export
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -280,20 +280,26 @@ def test_ar_stage_overfits_and_its_checkpoint_plans(data, tmp_path):
     assert (plan.stats.mode, plan.stats.block_size) == ("ar", 1)
 
 
-def test_checkpoints_record_the_waypoint_format_of_their_data(data, reference, tmp_path):
+def test_checkpoints_record_the_waypoint_format_of_their_exports(data, reference, tmp_path):
+    """The export's manifest says which format its answers are in; the checkpoint records it. Two formats in one run
+    are refused."""
     def version(run: Path) -> int:
         folder = checkpoint.resolve("latest", run)
         return json.loads((folder / "wamdiff.json").read_text())["format_version"]
 
-    assert version(reference) == 2  # a fresh export writes fixed width
-    old = tmp_path / "train_v1.json"
-    old.write_text(data.read_text().replace('"images/', f'"{data.parent}/images/'))
-    assert export(["reformat", str(old), "--version", "1"]) == 0
-    raw = raw_config(old, tmp_path / "run", steps=1, warmup=0)
-    raw["model"] = {"init": str(checkpoint.resolve("latest", reference))}  # a format-2 model learns format 1
+    assert version(reference) == 3  # a fresh export writes the package's format
+    free = tmp_path / "v1"
+    assert export(["generate", "--scenarios", "highway", "--episodes", "1", "--max-seconds", "3", "--out", str(free),
+                   "--format-version", "1", "--seed-offset", "7", "--preview", "0", "--no-progress"]) == 0
+    assert json.loads((free / "manifest.json").read_text())["format_version"] == 1
+    raw = raw_config(free / "train.json", tmp_path / "run", steps=1, warmup=0)
+    raw["model"] = {"init": str(checkpoint.resolve("latest", reference))}  # a format-3 model learns format 1
     train(from_dict(raw), STAGES["ar"], "ar", progress=False)
     assert version(tmp_path / "run") == 1
     assert Planner.from_pretrained(str(checkpoint.resolve("latest", tmp_path / "run")))._constraint.format_version == 1
+    raw["data"]["train"] = [str(free / "train.json"), str(data)]
+    with pytest.raises(ConfigError, match="a run trains on one format"):
+        train(from_dict(raw), STAGES["ar"], "ar", progress=False)
 
 
 # -- refusals --------------------------------------------------------------------------------------------------------
@@ -343,8 +349,8 @@ def test_cli_refuses_a_changed_config_on_resume(data, reference, tmp_path, capsy
 
 
 def test_a_field_added_later_keeps_old_fingerprints_while_it_holds_its_old_default(data, reference):
-    """``ADDED_DEFAULTS``: a run checkpointed before ``ar.in_place_weight`` or the ``cross_scale.block_teacher*``
-    keys existed still resumes (its fingerprint is the hash of the config without them); setting one changes it."""
+    """``ADDED_DEFAULTS``: a run checkpointed before ``ar.in_place_weight`` existed still resumes (its fingerprint is
+    the hash of the config without it); setting it changes it."""
     import hashlib
 
     from wamdiff_training.config import ADDED_DEFAULTS
@@ -353,16 +359,13 @@ def test_a_field_added_later_keeps_old_fingerprints_while_it_holds_its_old_defau
     raw = config.as_dict()
     raw.pop("out")
     raw["data"].pop("cache_size")
-    for name in ("ar.in_place_weight", "cross_scale.block_teacher", "cross_scale.block_teacher_block_size",
-                 "cross_scale.block_teacher_share", "cross_scale.route_teacher", "cross_scale.route_scenarios"):
+    for name in ("ar.in_place_weight",):
         assert name in ADDED_DEFAULTS
         section, _, key = name.partition(".")
         raw[section].pop(key)
     before = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
     assert config.fingerprint() == before
-    for section, values in (("ar", {"in_place_weight": 0.5}), ("cross_scale", {"block_teacher_block_size": 8}),
-                            ("cross_scale", {"block_teacher": "x", "block_teacher_share": 0.5}),
-                            ("cross_scale", {"route_teacher": "x", "route_scenarios": ["highway"]})):
+    for section, values in (("ar", {"in_place_weight": 0.5}),):
         changed = raw_config(data, reference)
         changed.setdefault(section, {}).update(values)
         assert from_dict(changed).fingerprint() != before, values

@@ -22,12 +22,12 @@ except ImportError:  # not installed: use the checkout's training/ folder
 from wamdiff_ros import format as fmt
 from wamdiff_ros.model import DecodeMeta, save_checkpoint, tiny_random
 from wamdiff_ros.planner import EgoState
-from wamdiff_ros.world.dataset import main as export
 from wamdiff_training import evaluation
 from wamdiff_training.cli import main as train_main
 from wamdiff_training.data import Record
 from wamdiff_training.detection import detection_metrics
 from wamdiff_training.metrics_log import MetricsLog
+from wamdiff_training.world.dataset import main as export
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGIT_SCALE = 48.0  # as conftest.scaled_tiny: confidences spread over (0.6, 0.97)
@@ -167,7 +167,7 @@ def test_plan_inputs_rebuild_the_prompt(command):
 def test_question_breakdown_and_the_lead_distance_read_off_the_image():
     from types import SimpleNamespace
 
-    from wamdiff_ros.world.questions import QUESTIONS, lead_answer, read_lead_answer
+    from wamdiff_training.world.questions import QUESTIONS, lead_answer, read_lead_answer
 
     def record(key, answer):
         return Record(key, Path("x.png"), fmt.ask_prompt(QUESTIONS[key]), answer, "ask", {"question": key})
@@ -258,7 +258,7 @@ def test_steps_back_counts_plans_whose_x_falls_behind_the_waypoint_before():
         return w
 
     forward = plan(np.arange(1, 9) * 4.0)
-    lost_tens = plan([3.5, 7.5, 0.6, 3.5, 6.5, 8.6, 10.7, 11.7])  # a tens digit decoded as 0 (training/README "v16")
+    lost_tens = plan([3.5, 7.5, 0.6, 3.5, 6.5, 8.6, 10.7, 11.7])  # a tens digit decoded as 0
     stopping = plan([2.0, 3.0, 3.5, 3.6, 3.6, 3.4, 3.3, 3.0])  # noise about a stop: within 1 m is not a step back
     text = fmt.format_waypoints(plan([10.11, 29.19, 39.13, 59.13, 50.13, 60.13, 70.15, 80.25]), 3)
     out = steps_back([forward, lost_tens, stopping, text, "012.0,"], [forward] * 4 + [lost_tens])

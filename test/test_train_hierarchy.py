@@ -22,7 +22,7 @@ from wamdiff_training import checkpoint
 from wamdiff_training.cli import main
 from wamdiff_training.config import ConfigError, load_config
 from wamdiff_training.engine import build_bundle
-from wamdiff_training.hierarchy import CONFIGS, ensure_data, final_run, load_plan, plan_steps
+from wamdiff_training.hierarchy import CONFIGS, ensure_data, load_plan, plan_steps
 
 
 def test_hierarchy_runs_in_order_skips_what_is_done_and_resumes(tmp_path, capsys):
@@ -151,8 +151,6 @@ STAGE_THREE = {"student/cross_scale", "student/ablation/ar_teacher", "student/ab
 
 @pytest.mark.parametrize("key, value, prefix, section_fields, bad", [
     ("cross_scale_ce_weight", 1.5, "cross_scale.ce_weight", {"ce_weight": 1.5}, (-1.0, "a lot", True)),
-    ("cross_scale_block_share", 0.5, "cross_scale.block_teacher",  # the student's own Stage II block teacher
-     {"block_teacher_share": 0.5, "block_teacher_block_size": 8}, (-0.1, 1.5, "half", True)),
 ])
 def test_stage_three_plan_keys_reach_stage_three_and_its_ablations_only(tmp_path, key, value, prefix,
                                                                        section_fields, bad):
@@ -164,8 +162,6 @@ def test_stage_three_plan_keys_reach_stage_three_and_its_ablations_only(tmp_path
     plain = [o.replace("=@run:", "=") for o in final.overrides]  # each run's folder for its checkpoint
     section = load_config(CONFIGS / "tiny_cross_scale.yaml", plain).cross_scale
     assert {f: getattr(section, f) for f in section_fields} == section_fields
-    if key == "cross_scale_block_share":
-        assert section.block_teacher == str(tmp_path / "h" / "student" / "adapt" / "b08")
     path.write_text(yaml.safe_dump({"root": str(tmp_path / "g")}))  # default 0: no override, earlier runs unchanged
     assert not any(o.startswith(prefix) for s in plan_steps(load_plan(path)) for o in s.overrides)
     for value in bad:
@@ -197,12 +193,12 @@ def test_shipped_plans_load_and_every_step_makes_a_valid_config(name):
         plain = [o.replace("=@run:", "=") for o in step.overrides]  # a run folder stands for its checkpoint
         config = load_config(CONFIGS / f"{step.base}.yaml", plain)
         assert config.train.batch_size == plan.batch_size, step.name  # the plan's settings, not the base file's
-        inputs = [plan.root, plan.data_dir, *plan.extra_data]  # a continuation plan reads an earlier one's data
+        inputs = [plan.root, plan.data_dir]
         assert all(any(Path(f).is_relative_to(i) for i in inputs) for f in config.data.train), step.name
 
 
 def test_held_out_splits_take_their_own_episode_count(tmp_path, monkeypatch):
-    import wamdiff_ros.world.dataset as dataset
+    import wamdiff_training.world.dataset as dataset
 
     calls = []
     monkeypatch.setattr(dataset, "main", lambda argv: calls.append(argv) or 0)
@@ -216,7 +212,7 @@ def test_held_out_splits_take_their_own_episode_count(tmp_path, monkeypatch):
 
 
 def test_counterfactual_commands_reach_the_training_exports_only(tmp_path, monkeypatch):
-    import wamdiff_ros.world.dataset as dataset
+    import wamdiff_training.world.dataset as dataset
     from wamdiff_training.hierarchy import Step, export_dagger
 
     calls = []
@@ -236,7 +232,7 @@ def test_counterfactual_commands_reach_the_training_exports_only(tmp_path, monke
 
 
 def test_route_points_and_format_version_reach_every_export(tmp_path, monkeypatch):
-    import wamdiff_ros.world.dataset as dataset
+    import wamdiff_training.world.dataset as dataset
     from wamdiff_training.hierarchy import Step, ensure_recoveries, export_dagger
 
     calls = []
@@ -254,10 +250,10 @@ def test_route_points_and_format_version_reach_every_export(tmp_path, monkeypatc
     default = load_plan_from(tmp_path, {"root": str(tmp_path / "s"), "episodes": 4})
     ensure_data(default, progress=False)
     ensure_recoveries(default, progress=False)
-    assert all("--route-points" not in a and a[a.index("--format-version") + 1] == "2" for a in calls)
+    assert all("--route-points" not in a and a[a.index("--format-version") + 1] == "3" for a in calls)
 
 
-@pytest.mark.parametrize(("key", "value"), [("format_version", 1), ("format_version", 4), ("format_version", True),
+@pytest.mark.parametrize(("key", "value"), [("format_version", 2), ("format_version", 4), ("format_version", True),
                                             ("route_points", "yes")])
 def test_bad_export_format_keys_are_refused(tmp_path, key, value):
     with pytest.raises(ConfigError, match=key):
@@ -273,8 +269,7 @@ def load_plan_from(tmp_path, plan: dict):
 def test_dagger_rounds_export_with_the_model_driving_and_train_on_the_union(tmp_path, capsys):
     plan = {"root": str(tmp_path / "h"), "scenarios": "highway", "episodes": 1, "batch_size": 2, "ar_steps": 1,
             "checkpoint_every": 1, "curriculum": [1, 4], "adapt_steps": 1, "distill_teacher_block": 1,
-            "dagger": {"rounds": 2, "episodes": 1, "expert_share": [0.5, 0.2], "steps": 1, "lr": 1e-4,
-                       "task_weights": {"plan": 1.0, "plan/junction": 0.3, "detect": 0.2, "ask": 0.1}}}
+            "dagger": {"rounds": 2, "episodes": 1, "expert_share": [0.5, 0.2], "steps": 1, "lr": 1e-4}}
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
     loaded = load_plan(path)
@@ -296,7 +291,8 @@ def test_dagger_rounds_export_with_the_model_driving_and_train_on_the_union(tmp_
     union = data_of("student/dagger/r02", "tiny_ar.yaml")
     assert [Path(p) for p in union.train] == [root / "data" / "train.json", r1 / "data" / "train.json",
                                               r2 / "data" / "train.json"]
-    assert union.task_weights == plan["dagger"]["task_weights"]
+    assert load_config(CONFIGS / "tiny_ar.yaml", [o for o in steps["student/dagger/r02"].overrides
+                                                  if "@run:" not in o]).train.lr == 1e-4
     assert f"model.init=@run:{r2}" in steps["student/adapt/b01"].overrides  # Stage I starts from the last round
     later = data_of("student/cross_scale", "tiny_cross_scale.yaml").train
     assert len(later) == 3 and f"model.init=@run:{r2}" in steps["student/ablation/direct"].overrides
@@ -362,7 +358,7 @@ def test_adapt_dagger_rounds_are_driven_by_the_b32_model_and_feed_the_later_stag
     assert exported["dagger"]["driver"].startswith(str(root / "student" / "adapt" / "b04" / "checkpoints"))
     assert exported["splits"]["train"]["seeds"] == [2, 2] and exported["dagger"]["expert_share"] == 0.2
     meta = json.loads((checkpoint.resolve("latest", r1) / "wamdiff.json").read_text())
-    assert (meta["prediction"], meta["trained_block_size"], meta["format_version"]) == ("in_place", 4, 2)
+    assert (meta["prediction"], meta["trained_block_size"], meta["format_version"]) == ("in_place", 4, 3)
 
 
 def test_a_model_can_train_on_the_other_models_dagger_exports_without_driving(tmp_path, capsys):
@@ -461,7 +457,7 @@ def test_two_processes_export_the_world_data_once(tmp_path, monkeypatch):
     import threading
     import time
 
-    import wamdiff_ros.world.dataset as dataset
+    import wamdiff_training.world.dataset as dataset
 
     plan = load_plan_from(tmp_path, {"root": str(tmp_path / "h"), "episodes": 4})
     calls = []
@@ -484,32 +480,24 @@ def test_two_processes_export_the_world_data_once(tmp_path, monkeypatch):
     assert len(calls) == 1
 
 
-def test_a_continuation_plan_reads_earlier_data_starts_from_earlier_models_and_adds_recoveries(tmp_path, monkeypatch):
-    import wamdiff_ros.world.dataset as dataset
+def test_recoveries_ar_lr_and_the_training_mix_reach_every_run(tmp_path, monkeypatch):
+    import wamdiff_training.world.dataset as dataset
 
-    earlier = tmp_path / "v3"
-    (earlier / "student" / "dagger" / "r04" / "checkpoints").mkdir(parents=True)  # a run folder
-    (earlier / "teacher_model").mkdir()  # a model folder
+    root = tmp_path / "h"
     plan = load_plan_from(tmp_path, {
-        "root": str(tmp_path / "v4"), "data": str(earlier / "data"), "extra_data": [str(earlier / "extra.json")],
-        "recoveries": {"samples": 7, "scenarios": "highway,merge", "weight": 0.8},
+        "root": str(root), "recoveries": {"samples": 7, "scenarios": "highway,merge", "weight": 0.8},
         "task_weights": {"plan": 1.0}, "workers": 2, "ar_lr": 5e-4,
-        "student": {"hidden": 64, "layers": 2, "init": str(earlier / "student" / "dagger" / "r04")},
-        "teacher": {"hidden": 128, "layers": 4, "init": str(earlier / "teacher_model")},
-        "adapt_dagger": {"rounds": 1, "episodes": 3, "seed_offset": 420}})
+        "adapt_dagger": {"rounds": 1, "episodes": 3}})
     steps = {s.name: s for s in plan_steps(plan)}
-    recoveries = tmp_path / "v4" / "recoveries" / "train.json"
+    recoveries = root / "recoveries" / "train.json"
     for name, step in steps.items():
         if step.stage == "dagger-data":
-            assert "seed_offset=420" in step.overrides
             continue
         train = next(o for o in step.overrides if o.startswith("data.train="))
-        assert train.startswith(f"data.train=[{earlier / 'data' / 'train.json'},{earlier / 'extra.json'},{recoveries}")
+        assert train.startswith(f"data.train=[{root / 'data' / 'train.json'},{recoveries}")
         assert "data.task_weights.plan/recovery=0.8" in step.overrides, name
-    assert f"model.init=@run:{earlier / 'student' / 'dagger' / 'r04'}" in steps["student/ar"].overrides
-    assert f"model.init={earlier / 'teacher_model'}" in steps["teacher/ar"].overrides
     config = load_config(CONFIGS / "tiny_ar.yaml", [o for o in steps["teacher/ar"].overrides])
-    assert config.model.init == str(earlier / "teacher_model") and config.train.lr == 5e-4
+    assert config.model.init == "tiny-random" and config.train.lr == 5e-4
     assert not any(o.startswith("train.lr=") for o in steps["student/adapt/b01"].overrides)  # AR runs only
     assert config.data.task_weights["plan/recovery"] == 0.8 and config.data.task_weights["plan"] == 1.0
 
@@ -518,7 +506,7 @@ def test_a_continuation_plan_reads_earlier_data_starts_from_earlier_models_and_a
     ensure_data(plan, progress=False)
     assert calls[0][:4] == ["recoveries", "--scenarios", "highway,merge", "--samples"] and "7" in calls[0]
     assert calls[0][calls[0].index("--out") + 1] == str(recoveries.parent)
-    assert calls[1][calls[1].index("--out") + 1] == str(earlier / "data")  # the world export, where the plan reads
+    assert calls[1][calls[1].index("--out") + 1] == str(root / "data")
     recoveries.parent.mkdir(parents=True)
     recoveries.write_text("[]")
     calls.clear()
@@ -531,239 +519,3 @@ def test_recovery_settings_are_checked(tmp_path):
         load_plan_from(tmp_path, {"root": "x", "recoveries": {"count": 3}})
     with pytest.raises(ConfigError, match="samples must be >= 1"):
         load_plan_from(tmp_path, {"root": "x", "recoveries": {"samples": 0}})
-
-
-def _done_run(folder: Path, steps: int) -> None:
-    (folder / "checkpoints" / f"step-{steps:06d}").mkdir(parents=True)
-    (folder / "checkpoints" / "latest").write_text(f"step-{steps:06d}\n")
-    (folder / "config.yaml").write_text("{}\n")
-
-
-def test_a_plan_reuses_an_earlier_plans_done_runs_by_linking_them(tmp_path):
-    from wamdiff_training.hierarchy import link_reused, run
-
-    old, new = tmp_path / "old", tmp_path / "new"
-    _done_run(old / "student" / "ar", 2)
-    _done_run(old / "teacher" / "ar", 3)  # done, but not named by reuse.runs
-    exported = old / "student" / "dagger" / "r01" / "data"
-    (exported / "images").mkdir(parents=True)
-    (exported / "train.json").write_text("[]")
-    (old / "student" / "dagger" / "r01" / "checkpoints").mkdir()  # its training run never finished there
-    (new / "data").mkdir(parents=True)
-    for split in ("train", "test"):
-        (new / "data" / f"{split}.json").write_text("[]")
-    plan = load_plan_from(tmp_path, {
-        "root": str(new), "ar_steps": 2, "dagger": {"rounds": 1, "episodes": 1, "steps": 2},
-        "teacher": {"hidden": 128, "layers": 4, "ar_steps": 3},
-        "reuse": {"root": str(old), "runs": ["student/ar", "student/dagger/*", "teacher/ar"]}})
-    only = ["student/ar", "student/dagger/r01/data"]
-    dry = {name: (what, ckpt) for name, what, ckpt in run(plan, dry_run=True, only=only)}
-    assert dry == {"student/ar": (f"reused from {old / 'student' / 'ar'}", None),
-                   "student/dagger/r01/data": (f"reused from {exported}", None)}
-    assert not (new / "student").exists()  # a dry run links nothing
-
-    report = {name: (what, ckpt) for name, what, ckpt in run(plan, progress=False, only=only)}
-    assert report["student/ar"][1] == new / "student" / "ar" / "checkpoints" / "step-000002"
-    assert report["student/dagger/r01/data"][1] == new / "student" / "dagger" / "r01" / "data" / "train.json"
-    assert (new / "student" / "ar" / "checkpoints").is_symlink()
-    assert (new / "student" / "dagger" / "r01" / "data" / "images").resolve() == exported / "images"
-    assert not (new / "student" / "dagger" / "r01" / "checkpoints").exists()  # not done there: trains here
-    assert (new / "teacher" / "ar" / "checkpoints").is_symlink()  # linked before the steps run, --only or not
-    assert [what for _, what, _ in run(plan, progress=False, only=only)] == ["done (2 steps)", "done (exported)"]
-    plan.reuse.runs.append("teacher/adapt/*")
-    for b in ("b01", "b04"):
-        _done_run(old / "teacher" / "adapt" / b, 200)  # the plan's Stage I phases are 200 steps
-    (new / "teacher" / "adapt" / "b01" / "checkpoints").mkdir(parents=True)  # begun here: trains on here
-    assert set(link_reused(plan, plan_steps(plan))) == {"teacher/adapt/b04"}
-    assert not (new / "teacher" / "adapt" / "b01" / "config.yaml").exists()
-    assert (old / "student" / "ar" / "checkpoints" / "latest").read_text() == "step-000002\n"  # left as it was
-
-
-def test_reuse_plan_trains_the_earlier_plans_runs_first_and_names_its_root(tmp_path, monkeypatch):
-    import wamdiff_training.hierarchy as hierarchy
-
-    old, new = tmp_path / "old", tmp_path / "new"
-    for root in (old, new):
-        (root / "data").mkdir(parents=True)
-        for split in ("train", "test"):
-            (root / "data" / f"{split}.json").write_text("[]")
-    _done_run(old / "student" / "ar", 2)  # what the earlier plan's own run leaves behind
-    earlier = tmp_path / "earlier.yaml"
-    earlier.write_text(yaml.safe_dump({"root": str(old), "ar_steps": 2}))
-    (tmp_path / "later").mkdir()
-    plan = load_plan_from(tmp_path / "later", {"root": str(new), "ar_steps": 2,
-                                               "reuse": {"plan": str(earlier), "runs": ["student/ar"]}})
-    assert plan.reuse.root == str(old)  # derived from the earlier plan
-    calls = []
-    real = hierarchy.run
-    monkeypatch.setattr(hierarchy, "run", lambda p, *a, **k: calls.append((p.root, k.get("only"))) or real(p, *a, **k))
-    report = {name: what for name, what, _ in hierarchy.run(plan, progress=False, only=["student/ar"])}
-    assert calls[1] == (str(old), ["student/ar"])  # the earlier plan, only the reused runs, before this one's steps
-    assert report == {"student/ar": f"reused from {old / 'student' / 'ar'}"}
-    assert (new / "student" / "ar" / "checkpoints").is_symlink()
-    hierarchy.run(plan, dry_run=True, only=["student/ar"])  # a dry run trains nothing anywhere
-    assert len(calls) == 3
-    (new / "student").rename(tmp_path / "linked")
-    (old / "student" / "ar" / "checkpoints" / "latest").write_text("step-000001\n")  # begun there, not done
-    (old / "student" / "ar" / "checkpoints" / "step-000001").mkdir()
-    dry = {name: what for name, what, _ in hierarchy.run(plan, dry_run=True, only=["student/ar"])}
-    assert dry == {"student/ar": f"to run in {old / 'student' / 'ar'} (at step 1), then reused"}
-    polished = load_plan_from(tmp_path / "later", {"root": str(new), "ar_steps": 2, "polish": {"steps": 1},
-                                                   "reuse": {"plan": str(earlier), "runs": ["student/*"]}})
-    only = ["student/ar", "student/polish/*"]
-    dry = {name: what for name, what, _ in hierarchy.run(polished, dry_run=True, only=only)}
-    assert dry["student/ar"].startswith("to run in ")  # the earlier plan's run, matched by student/*
-    assert dry["student/polish/r01"] == "to run (0/1 steps)"  # matched too, but the earlier plan has no such step
-    for reuse, message in (({"runs": ["student/ar"]}, "reuse.plan"),
-                           ({"plan": str(earlier), "root": str(tmp_path / "x"), "runs": []}, "not reuse.plan's root")):
-        with pytest.raises(ConfigError, match=re.escape(message)):
-            load_plan_from(tmp_path / "later", {"root": str(new), "reuse": reuse})
-
-
-def test_only_limits_the_earlier_plans_runs_too(tmp_path, monkeypatch):
-    """``--only`` a step of the later plan alone: the earlier plan of ``reuse`` neither trains nor exports."""
-    import wamdiff_training.hierarchy as hierarchy
-
-    old, new = tmp_path / "old", tmp_path / "new"
-    (new / "data").mkdir(parents=True)
-    for split in ("train", "test"):
-        (new / "data" / f"{split}.json").write_text("[]")
-    earlier = tmp_path / "earlier.yaml"
-    earlier.write_text(yaml.safe_dump({"root": str(old), "ar_steps": 2}))
-    (tmp_path / "later").mkdir()
-    plan = load_plan_from(tmp_path / "later", {"root": str(new), "ar_steps": 2, "adapt_steps": 3,
-                                               "reuse": {"plan": str(earlier), "runs": ["student/ar"]}})
-    _done_run(new / "student" / "adapt" / "b01", 3)
-    exported = []
-    real = hierarchy.ensure_data
-    monkeypatch.setattr(hierarchy, "ensure_data", lambda p, *a: exported.append(p.root) or real(p, *a))
-    report = hierarchy.run(plan, progress=False, only=["student/adapt/b01"])
-    assert [(name, what) for name, what, _ in report] == [("student/adapt/b01", "done (3 steps)")]
-    assert exported == [str(new)] and not old.exists()  # the earlier plan's student/ar is not what --only asked for
-
-
-def test_a_model_can_take_more_adapt_dagger_rounds_than_the_plan(tmp_path):
-    plan = {"root": str(tmp_path / "h"), "scenarios": "highway", "episodes": 1, "curriculum": [1, 4],
-            "teacher": {"hidden": 128, "layers": 4, "dagger_from": "student"},
-            "student": {"hidden": 64, "layers": 2, "seed": 1, "adapt_dagger_rounds": 2},
-            "adapt_dagger": {"rounds": 1, "episodes": 3, "steps": 5, "seed_offset": 40}}
-    path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump(plan))
-    steps = {s.name: s for s in plan_steps(load_plan(path))}
-    root = Path(plan["root"])
-    assert [n for n in steps if "adapt_dagger" in n] == [
-        "student/adapt_dagger/r01/data", "student/adapt_dagger/r01", "student/adapt_dagger/r02/data",
-        "student/adapt_dagger/r02", "teacher/adapt_dagger/r01"]
-    # round 2: the next fresh seeds, driven by round 1; Stage II starts from round 2 and trains on both exports
-    r2 = steps["student/adapt_dagger/r02/data"].overrides
-    assert "seed_offset=43" in r2 and f"driver=@run:{root / 'student' / 'adapt_dagger' / 'r01'}" in r2
-    assert f"model.init=@run:{root / 'student' / 'adapt_dagger' / 'r02'}" in steps["student/distill"].overrides
-    train = [o for o in steps["student/cross_scale"].overrides if o.startswith("data.train=")][0]
-    assert train.count("adapt_dagger") == 2
-    # the teacher keeps the plan's one round, on the student's round-1 export
-    teacher = [o for o in steps["teacher/distill"].overrides if o.startswith("data.train=")][0]
-    assert "adapt_dagger/r01/data" in teacher and "r02" not in teacher
-
-    # a borrower cannot take more rounds than its lender drives
-    plan["teacher"]["adapt_dagger_rounds"] = 3
-    path.write_text(yaml.safe_dump(plan))
-    with pytest.raises(ConfigError, match="teacher.adapt_dagger_rounds.*drives only 2"):
-        load_plan(path)
-    plan["teacher"]["adapt_dagger_rounds"] = 0
-    path.write_text(yaml.safe_dump(plan))
-    with pytest.raises(ConfigError, match="must be >= 1"):
-        load_plan(path)
-
-
-def test_polish_rounds_follow_stage_three_driven_by_the_final_student(tmp_path):
-    plan = {"root": str(tmp_path / "h"), "scenarios": "highway", "episodes": 3, "batch_size": 2, "ar_steps": 1,
-            "curriculum": [1, 4], "adapt_steps": 1, "distill_teacher_block": 1,
-            "dagger": {"rounds": 2, "episodes": 2, "steps": 1},
-            "adapt_dagger": {"rounds": 1, "episodes": 5, "steps": 1},
-            "recoveries": {"samples": 1},
-            "polish": {"rounds": 2, "episodes": 7, "expert_share": 0.0, "steps": 4, "lr": 1e-4}}
-    path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump(plan))
-    loaded = load_plan(path)
-    steps = {s.name: s for s in plan_steps(loaded)}
-    names = list(steps)
-    root = Path(plan["root"])
-    polish = root / "student" / "polish"
-    assert names[names.index("student/cross_scale") + 1:names.index("student/ablation/direct")] == [
-        "student/polish/r01/data", "student/polish/r01", "student/polish/r02/data", "student/polish/r02"]
-    assert final_run(loaded) == polish / "r02"
-    first = steps["student/polish/r01/data"].overrides
-    assert f"driver=@run:{root / 'student' / 'cross_scale'}" in first and "expert_share=0.0" in first
-    assert "seed_offset=12" in first  # after the world's 3, the AR rounds' 2 x 2 and the B = 4 round's 5
-    assert "seed_offset=19" in steps["student/polish/r02/data"].overrides
-    assert f"driver=@run:{polish / 'r01'}" in steps["student/polish/r02/data"].overrides
-    train = steps["student/polish/r02"]
-    assert (train.stage, train.steps, f"model.init=@run:{polish / 'r01'}") == ("adapt", 4, train.overrides[-2])
-    config = load_config(CONFIGS / "tiny_adapt.yaml", [o for o in train.overrides if "@run:" not in o])
-    assert config.adapt.block_size == 4 and config.train.lr == 1e-4
-    everything = [Path(p) for p in load_config(CONFIGS / "tiny_adapt.yaml", [
-        o for o in steps["student/cross_scale"].overrides if o.startswith("data.train=")]).data.train]
-    rounds = [polish / f"r0{r}" / "data" / "train.json" for r in (1, 2)]
-    assert [Path(p) for p in config.data.train] == [*everything, *rounds]  # the student's data so far, then these
-    assert not any("teacher" in str(p) for p in config.data.train)
-
-    # "world": the world export and the recoveries only; init: a model folder polished as it is
-    path.write_text(yaml.safe_dump({**plan, "polish": {**plan["polish"], "data": "world", "rounds": 1,
-                                                       "expert_share": [0.0], "init": str(tmp_path / "shipped")}}))
-    steps = {s.name: s for s in plan_steps(load_plan(path))}
-    assert f"driver={tmp_path / 'shipped'}" in steps["student/polish/r01/data"].overrides
-    train = steps["student/polish/r01"]
-    assert f"model.init={tmp_path / 'shipped'}" in train.overrides
-    config = load_config(CONFIGS / "tiny_adapt.yaml", train.overrides)
-    assert [Path(p) for p in config.data.train] == [root / "data" / "train.json", root / "recoveries" / "train.json",
-                                                    polish / "r01" / "data" / "train.json"]
-    path.write_text(yaml.safe_dump({**plan, "polish": {**plan["polish"], "data": "some"}}))
-    with pytest.raises(ConfigError, match="polish.data"):
-        load_plan(path)
-
-
-def test_a_polish_can_drive_some_scenarios_and_end_in_a_routed_merge(tmp_path, monkeypatch):
-    """polish.scenarios: the rounds' episodes drive those scenarios only; polish.merge: a last Stage III run from
-    the student the polish started from (init and teacher), the last round's model teaching the named scenarios'
-    records (cross_scale.route_teacher), on the last round's data; it is the final student."""
-    import wamdiff_ros.world.dataset as dataset
-    from wamdiff_training.hierarchy import export_dagger
-
-    plan = {"root": str(tmp_path / "h"), "scenarios": "all", "episodes": 3, "batch_size": 2, "ar_steps": 1,
-            "curriculum": [1, 4], "adapt_steps": 1, "distill_teacher_block": 1,
-            "polish": {"rounds": 1, "episodes": 7, "expert_share": 0.0, "steps": 4, "scenarios": "highway",
-                       "merge": {"scenarios": ["highway", "merge"], "steps": 5, "lr": 3e-4}}}
-    path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump(plan))
-    loaded = load_plan(path)
-    steps = {s.name: s for s in plan_steps(loaded)}
-    root = Path(plan["root"]) / "student"
-    names = list(steps)
-    assert names[names.index("student/cross_scale") + 1:names.index("student/ablation/direct")] == [
-        "student/polish/r01/data", "student/polish/r01", "student/polish/merge"]
-    assert final_run(loaded) == root / "polish" / "merge"
-    calls = []
-    monkeypatch.setattr(dataset, "main", lambda argv: calls.append(argv) or 0)
-    export_dagger(loaded, steps["student/polish/r01/data"], "a-model", progress=False)
-    assert calls[0][calls[0].index("--scenarios") + 1] == "highway"  # the plan's own: all
-    merge = steps["student/polish/merge"]
-    assert (merge.stage, merge.base, merge.steps) == ("cross-scale", "tiny_cross_scale", 5)
-    start, last = f"@run:{root / 'cross_scale'}", f"@run:{root / 'polish' / 'r01'}"
-    assert {f"model.init={start}", f"cross_scale.teacher={start}", f"cross_scale.route_teacher={last}",
-            "train.lr=0.0003", "cross_scale.ce_weight=1.0"} <= set(merge.overrides)
-    config = load_config(CONFIGS / "tiny_cross_scale.yaml", [o.replace("=@run:", "=") for o in merge.overrides])
-    assert config.cross_scale.route_teacher == str(root / "polish" / "r01")
-    assert config.cross_scale.route_scenarios == ["highway", "merge"] and config.cross_scale.block_size == 4
-    assert config.data.train == load_config(CONFIGS / "tiny_adapt.yaml", [
-        o for o in steps["student/polish/r01"].overrides if o.startswith("data.train=")]).data.train
-    for bad, message in (({"scenarios": []}, "polish.merge.scenarios"), ({"scenarios": ["highway"], "steps": 0},
-                                                                         "polish.merge"),
-                         ({"scenarios": ["highway"], "weight": 1}, "polish.merge.weight: unknown key")):
-        path.write_text(yaml.safe_dump({**plan, "polish": {**plan["polish"], "merge": bad}}))
-        with pytest.raises(ConfigError, match=message):
-            load_plan(path)
-    without = {**plan, "polish": {k: v for k, v in plan["polish"].items() if k not in ("scenarios", "merge")}}
-    path.write_text(yaml.safe_dump(without))
-    plain = {s.name: s for s in plan_steps(load_plan(path))}
-    assert "student/polish/merge" not in plain and not any(
-        o.startswith("scenarios=") for o in plain["student/polish/r01/data"].overrides)

@@ -17,10 +17,10 @@ except ImportError:  # not installed: use the source tree
 
 from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.planner import EgoState, Planner
-from wamdiff_ros.world.dataset import main as export
 from wamdiff_training.config import from_dict
 from wamdiff_training.engine import train
 from wamdiff_training.stages import STAGES
+from wamdiff_training.world.dataset import main as export
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 2

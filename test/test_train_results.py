@@ -1,6 +1,6 @@
 """``wamdiff-train results``: ``evaluate`` on a small fake hierarchy (tiny-random checkpoints in the run folders the
 real one writes, a 2 s held-out export, the 3 s closed-loop scenarios) into compact JSON, then ``render`` from that
-real JSON: tables, the paired bootstrap CI, the acceptance lines, missing runs and pieces as "not run", and a second
+real JSON: tables, the paired bootstrap CI, the paper comparison, missing runs and pieces as "not run", and a second
 ``evaluate`` that keeps what is there and evaluates only what is new."""
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ except ImportError:  # not installed: use the checkout's training/ folder
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.model import DecodeMeta, save_checkpoint, tiny_random
-from wamdiff_ros.world.dataset import main as export
 from wamdiff_ros.world.summary import paired_difference_ci
-from wamdiff_training import results
+from wamdiff_training import evaluate_runs, render, results, runs
 from wamdiff_training.cli import main as train_main
 from wamdiff_training.metrics_log import MetricsLog
+from wamdiff_training.world.dataset import main as export
 
 LOGIT_SCALE = 48.0  # as conftest.scaled_tiny: threshold decoding fixes several tokens per step
 PRESENT = ("teacher/ar", "student/ar", "student/adapt/b08", "student/cross_scale", "teacher/distill")
@@ -99,22 +99,22 @@ def _load(out: Path, name: str) -> dict:
 
 
 def test_default_threshold_is_the_decoders():
-    assert results.DEFAULT_THRESHOLD == DecodeSettings().threshold
+    assert runs.DEFAULT_THRESHOLD == DecodeSettings().threshold
 
 
 def test_open_loop_json(evaluated, fake):
     ol = _load(evaluated, "open_loop")
-    assert ol["piece"] == "open_loop" and ol["schema"] == results.SCHEMA and ol["complete"] is False
+    assert ol["piece"] == "open_loop" and ol["schema"] == runs.SCHEMA and ol["complete"] is False
     entries = ol["entries"]
-    assert list(entries) == [t.key for t in results.OPEN_LOOP]
+    assert list(entries) == [t.key for t in runs.OPEN_LOOP]
     for key in ("student_b04", "student_b16", "student_b32", "student_distill"):
         assert entries[key]["status"] == "not run" and str(fake["root"]) in entries[key]["reason"]
     ok = {k: e for k, e in entries.items() if e["status"] == "ok"}
     assert set(ok) == {"teacher_ar", "student_ar", "student_b08", "student_final", "teacher_b32"}
     assert ok["student_ar"]["decode"]["mode"] == "ar" and ok["student_b08"]["decode"]["block_size"] == 8
     assert ok["student_final"]["decode"]["block_size"] == 32 and ok["student_final"]["step"] == 4
-    assert sorted(r["threshold"] for r in ok["student_final"]["plan"]) == sorted(results.SWEEP)
-    assert [r["threshold"] for r in ok["student_b08"]["plan"]] == [results.DEFAULT_THRESHOLD]
+    assert sorted(r["threshold"] for r in ok["student_final"]["plan"]) == sorted(runs.SWEEP)
+    assert [r["threshold"] for r in ok["student_b08"]["plan"]] == [runs.DEFAULT_THRESHOLD]
     for e in ok.values():
         assert e["command_line"][:2] == ["wamdiff-train", "eval"]
         for row in e["plan"]:
@@ -140,9 +140,9 @@ def test_ablation_divergence_overlap_json(evaluated):
         "direct": "not run", "curriculum": "not run", "block_distill": "not run", "model_distill": "ok",
         "ar_teacher": "not run"}
     assert "student/ablation/direct" in ab["entries"]["direct"]["reason"]
-    assert [r["threshold"] for r in ab["entries"]["model_distill"]["plan"]] == [results.DEFAULT_THRESHOLD]
+    assert [r["threshold"] for r in ab["entries"]["model_distill"]["plan"]] == [runs.DEFAULT_THRESHOLD]
     final = _load(evaluated, "open_loop")["entries"]["student_final"]
-    row = next(r for r in final["plan"] if r["threshold"] == results.DEFAULT_THRESHOLD)
+    row = next(r for r in final["plan"] if r["threshold"] == runs.DEFAULT_THRESHOLD)
     assert ab["entries"]["model_distill"]["plan"][0] == row  # one decode, reused
     assert {k: e["status"] for k, e in dv["entries"].items()} == {"jsd": "ok", "fkl": "not run", "rkl": "not run"}
     statuses = {k: e["status"] for k, e in ov["entries"].items()}
@@ -191,7 +191,7 @@ def test_runs_json(evaluated, fake):
 
 
 def test_json_logs_are_small(evaluated):
-    for name in results.PIECES:
+    for name in runs.PIECES:
         path = evaluated / f"{name}.json"
         assert path.stat().st_size < 40_000, name
         assert "NaN" not in path.read_text()
@@ -199,12 +199,12 @@ def test_json_logs_are_small(evaluated):
 
 def test_render_tables(rendered):
     text, md = rendered
-    assert text.splitlines()[2] == results.HEADER
+    assert text.splitlines()[2] == runs.HEADER
     heads = [line for line in text.splitlines() if line.startswith("## ")]
     assert [h.split()[1] for h in heads] == ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "Runs", "Where"]
     assert re.search(r"^\| student Stage I B=4 \| not run \|", text, re.M)
     assert re.search(r"^\| direct AR → B=32 \(no curriculum\) \| not run \|", text, re.M)
-    t = re.escape(f"{results.DEFAULT_THRESHOLD:.2f}")
+    t = re.escape(f"{runs.DEFAULT_THRESHOLD:.2f}")
     assert re.search(rf"^\| student Stage I B=8 \| B=8, t={t} \| 4 \|", text, re.M)
     assert re.search(r"^\| forward KL \| not run \|", text, re.M)
     behaviours = text.split("### Plan L2 by what the expert does")[1].split("###")[0]
@@ -214,8 +214,8 @@ def test_render_tables(rendered):
     perception = text.split("### What the camera tells the model")[1].split("###")[0]
     assert re.search(r"^\| student AR \| [\d.]+ \| - \| - \| - \|", perception, re.M)  # one question, no lead
     sweep = text.split("### Threshold sweep")[1].split("##")[0]
-    assert [float(t) for t in re.findall(r"^\| (0\.\d+) \|", sweep, re.M)] == sorted(results.SWEEP, reverse=True)
-    figure = md.parent / "results" / results.FIGURE
+    assert [float(t) for t in re.findall(r"^\| (0\.\d+) \|", sweep, re.M)] == sorted(runs.SWEEP, reverse=True)
+    figure = md.parent / "results" / runs.FIGURE
     assert "![per-waypoint L2](results/l2_curve.png)" in text
     assert figure.is_file() and figure.read_bytes()[:4] == b"\x89PNG"
     assert "each followed as it comes (no plan blending)" in text
@@ -223,27 +223,14 @@ def test_render_tables(rendered):
     assert "| student/cross_scale | - | B=32 | 4 / 20 |" in text and "`student/ablation/rkl`" in text
 
 
-def test_render_paired_ci_and_acceptance(rendered, evaluated):
+def test_render_paired_ci_and_the_paper_comparison(rendered, evaluated):
     text, _ = rendered
     episodes = [row for e in _load(evaluated, "closed_loop")["entries"].values() for row in e["episodes"]]
     for mode in ("paused", "realtime"):
         ds = {p: [r["ds"] for r in episodes if r["planner"] == p and r["mode"] == mode] for p in ("student", "ar")}
         diff, lo, hi = paired_difference_ci(ds["student"], ds["ar"], level=0.9)
         assert f"| {mode} | 1 | {diff:.1f} [{lo:.1f}, {hi:.1f}] |" in text
-    checks = text.split("### Acceptance (issue 7)")[1].split("## Runs")[0]
-    lines = [line for line in checks.splitlines() if line.startswith("- ")]
-    assert len(lines) == 6 and all(line[2] in "✓✗" for line in lines)
-    assert lines[-1].startswith("- ✗ paired held-out episodes (student, AR) per mode: 1 ≥ 100")
-    final = _load(evaluated, "open_loop")["entries"]["student_final"]
-    offline = next(r for r in final["plan"] if r["threshold"] == results.DEFAULT_THRESHOLD)["forward_calls_per_token"]
-    groups = {(g["planner"], g["mode"]): g for e in _load(evaluated, "closed_loop")["entries"].values()
-              for g in e["groups"]}
-    fpt, worst = max((groups[("student", m)]["forward_calls_per_token"], m) for m in ("paused", "realtime"))
-    assert (f"- {'✓' if fpt <= 0.35 else '✗'} final student {fpt:.3f} forward calls per token ≤ 0.35 at its default "
-            f"threshold {results.DEFAULT_THRESHOLD} (closed loop, {worst}; open loop {offline:.3f})") in checks
-    groups = {key: g["ds"] for key, g in groups.items()}
-    ok = groups[("student", "paused")] >= groups[("constant_velocity", "paused")] + 25
-    assert f"- {'✓' if ok else '✗'} student DS {groups[('student', 'paused')]:.1f} ≥ constant velocity" in checks
+    assert "Acceptance" not in text and "issue" not in text
     verdicts = text.split("## Where we disagree with the paper")[1]
     assert "paper: the B=32 student matches its AR counterpart's planning quality" in verdicts
     assert "paper: JSD is the better Stage III divergence than forward or reverse KL: not run" in verdicts
@@ -255,9 +242,7 @@ def test_render_marks_missing_pieces_not_run(evaluated, tmp_path):
     text = results.render(tmp_path, md)
     for name in ("open_loop", "ablation", "divergence", "overlap", "closed_loop"):
         assert f"`training/results/{name}.json` is missing" in text
-    assert not (tmp_path / results.FIGURE).exists() and "(e) Per-waypoint L2" in text
-    checks = text.split("### Acceptance (issue 7)")[1].split("## Runs")[0]
-    assert checks.count("- – ") == 6 and "✓" not in checks and "✗" not in checks
+    assert not (tmp_path / runs.FIGURE).exists() and "(e) Per-waypoint L2" in text
     assert "| teacher/ar |" in text  # runs.json is there
     assert results.render(tmp_path, md) == text  # deterministic: regenerates byte for byte
 
@@ -265,7 +250,7 @@ def test_render_marks_missing_pieces_not_run(evaluated, tmp_path):
 def test_evaluate_again_keeps_and_adds_only_what_is_new(evaluated, fake, short_scenario_file, monkeypatch):
     out = fake["base"] / "results_again"
     shutil.copytree(evaluated, out)
-    before = {n: _load(out, n) for n in results.PIECES if n != "runs"}
+    before = {n: _load(out, n) for n in runs.PIECES if n != "runs"}
     from wamdiff_ros.world import evaluate as closed_loop_cli
     from wamdiff_training import evaluation
 
@@ -316,15 +301,15 @@ def test_json_rows_are_one_line_each(evaluated):
     text = (evaluated / "closed_loop.json").read_text()
     rows = [json.loads(line.strip().rstrip(",")) for line in text.splitlines() if '"seed": ' in line]
     assert len(rows) == 8 and all(set(r) >= {"planner", "mode", "ds"} for r in rows)  # 4 planners x 2 modes
-    assert results.clean({"x": float("nan"), "y": 1.234567891}) == {"x": None, "y": 1.2346}
+    assert runs.clean({"x": float("nan"), "y": 1.234567891}) == {"x": None, "y": 1.2346}
 
 
 def test_card_metrics_for_the_model_card(evaluated, tmp_path):
-    lines = results.card_metrics(evaluated)
-    assert lines[0].startswith(f"- open loop (held-out split, B=32, threshold {results.DEFAULT_THRESHOLD:.2f})")
+    lines = render.card_metrics(evaluated)
+    assert lines[0].startswith(f"- open loop (held-out split, B=32, threshold {runs.DEFAULT_THRESHOLD:.2f})")
     assert [line.split(":")[0] for line in lines[1:]] == ["- closed loop, paused", "- closed loop, realtime"]
     assert all("paired student − AR" in line and "constant velocity" in line for line in lines[1:])
-    assert results.card_metrics(tmp_path) == ["- No results logged yet: run `make results-eval`."]
+    assert render.card_metrics(tmp_path) == ["- No results logged yet: run `make results-eval`."]
 
 
 def test_a_run_trained_again_in_the_same_folder_is_evaluated_again(evaluated, fake, short_scenario_file):
@@ -343,7 +328,7 @@ def test_a_run_trained_again_in_the_same_folder_is_evaluated_again(evaluated, fa
         link.symlink_to(old, target_is_directory=True)
     jsd = _load(out, "divergence")["entries"]["jsd"]
     assert jsd["status"] == "ok" and jsd["checkpoint"] == str(link)
-    assert jsd["weights"] == results.weights_id(fake["ckpt"] / "b32_retrained")
+    assert jsd["weights"] == evaluate_runs.weights_id(fake["ckpt"] / "b32_retrained")
     before = _load(evaluated, "divergence")["entries"]["jsd"]
     assert jsd["weights"] != before["weights"]
     assert (jsd["token_accuracy"], jsd["plan"]) != (before["token_accuracy"], before["plan"])  # numbers of new weights
@@ -358,22 +343,13 @@ def test_ar_rows_are_the_last_dagger_round_of_the_plan(fake, tmp_path):
         _run_folder(root, run, fake["ckpt"] / "ar")
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN + "dagger: {rounds: 2, episodes: 1, steps: 1}\n")
-    ar = results.final_ar_runs(results.load_hierarchy_plan(str(plan), root), root)
+    ar = runs.final_ar_runs(runs.load_hierarchy_plan(str(plan), root), root)
     assert ar == {"teacher/ar": "teacher/dagger/r02", "student/ar": "student/dagger/r02"}
-    assert results.load_hierarchy_plan(None, root) is None and results.final_ar_runs(None, root) == {}
-    assert [t.label for t in results.with_ar(results.CLOSED_LOOP, ar) if t.key == "ar"] == \
+    assert runs.load_hierarchy_plan(None, root) is None and runs.final_ar_runs(None, root) == {}
+    assert [t.label for t in runs.with_ar(runs.CLOSED_LOOP, ar) if t.key == "ar"] == \
         ["AR model (student/dagger/r02)"]
-    assert results.with_ar(results.OPEN_LOOP, {}) == results.OPEN_LOOP
-    polished = tmp_path / "polished.yaml"  # with polish rounds the final student is the last one
-    polished.write_text(PLAN + "polish: {rounds: 2, episodes: 1, steps: 1}\n")
-    final = results.final_ar_runs(results.load_hierarchy_plan(str(polished), root), root)
-    assert final == {"teacher/ar": "teacher/ar", "student/ar": "student/ar",
-                     "student/cross_scale": "student/polish/r02"}
-    assert [(t.run, t.label) for t in results.with_ar(results.CLOSED_LOOP, final) if t.key == "student"] == [
-        ("student/polish/r02", "final student (student/polish/r02: Stage III, then on-policy rounds)")]
-    swept = {t.run for t in results.with_ar(results.OPEN_LOOP, final) if t.key == results.SWEPT}
-    assert swept == {"student/polish/r02"}
-    assert {t.run for t in results.DIVERGENCE + results.ABLATION} >= {"student/cross_scale"}  # Stage III's own rows
+    assert runs.with_ar(runs.OPEN_LOOP, {}) == runs.OPEN_LOOP
+    assert {t.run for t in runs.DIVERGENCE + runs.ABLATION} >= {"student/cross_scale"}  # Stage III's own rows
 
     out = tmp_path / "results"
     assert train_main(["results", "evaluate", "--root", str(root), "--out", str(out), "--work", str(tmp_path / "work"),
@@ -399,7 +375,7 @@ def test_planned_runs_leave_out_dagger_exports(tmp_path):
     from wamdiff_training.hierarchy import DaggerPlan, HierarchyPlan
 
     plan = HierarchyPlan(root=str(tmp_path / "h"), dagger=DaggerPlan(rounds=2), adapt_dagger=DaggerPlan(rounds=1))
-    planned = results.planned_steps(plan, tmp_path / "h")
+    planned = runs.planned_steps(plan, tmp_path / "h")
     assert "student/dagger/r02" in planned and "student/adapt_dagger/r01" in planned
     assert not [run for run in planned if run.endswith("/data")]  # exports are data: no checkpoint to report
 
@@ -425,14 +401,9 @@ def test_render_compares_the_stage_two_student_when_it_was_driven(evaluated, tmp
     assert "| Stage II student − AR model | realtime | 1 |" in text
 
 
-def test_a_continuation_plans_held_out_data_is_the_earlier_export_it_reads(tmp_path):
-    plan_file = tmp_path / "plan.yaml"
-    plan_file.write_text(f"root: {tmp_path / 'v4'}\ndata: {tmp_path / 'v3' / 'data'}\n")
-    plan = results.load_hierarchy_plan(str(plan_file), tmp_path / "v4")
-    assert results.data_folder(plan, tmp_path / "v4") == tmp_path / "v3" / "data"
-    assert results.data_folder(None, tmp_path / "v4") == tmp_path / "v4" / "data"
-    with pytest.raises(results.ResultsError, match=str(tmp_path / "v3" / "data" / "test.json")):
-        results.data_subset(tmp_path / "v3" / "data", tmp_path / "work", 4)
+def test_a_missing_held_out_split_is_named(tmp_path):
+    with pytest.raises(runs.ResultsError, match=str(tmp_path / "v3" / "data" / "test.json")):
+        evaluate_runs.data_subset(tmp_path / "v3" / "data", tmp_path / "work", 4)
 
 
 def _entry_pairs(before_out: Path, after_out: Path):
@@ -448,7 +419,10 @@ def _evaluate_elsewhere(evaluated, fake, short_scenario_file, monkeypatch, root:
     """``results evaluate`` of the fake's logged results under another root (with a plan on the same held-out
     export), with every evaluation refused: what it keeps, it keeps without evaluating again. Returns --out."""
     plan = fake["base"] / f"plan_{name}.yaml"
-    plan.write_text(PLAN + f"data: {fake['root'] / 'data'}\n")  # the same held-out export
+    plan.write_text(PLAN)
+    if not (root / "data").exists():  # the same held-out export
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "data").symlink_to(fake["root"] / "data", target_is_directory=True)
     out = fake["base"] / f"results_{name}"
     shutil.copytree(evaluated, out)
     from wamdiff_ros.world import evaluate as closed_loop_cli
@@ -467,11 +441,11 @@ def _evaluate_elsewhere(evaluated, fake, short_scenario_file, monkeypatch, root:
 
 def test_a_plan_that_links_the_runs_under_another_root_keeps_their_entries(evaluated, fake, short_scenario_file,
                                                                             monkeypatch):
-    """A plan's ``reuse`` links an earlier plan's runs into its own root: their entries stand for the same weights,
-    so nothing is evaluated again; the kept entries name the new root's checkpoints."""
-    root = fake["base"] / "root_reuse"
+    """A root that links another root's runs: their entries stand for the same weights, so nothing is evaluated
+    again; the kept entries name the new root's checkpoints."""
+    root = fake["base"] / "root_linked"
     shutil.copytree(fake["root"], root, symlinks=True, ignore=shutil.ignore_patterns("data"))
-    out = _evaluate_elsewhere(evaluated, fake, short_scenario_file, monkeypatch, root, "reuse")
+    out = _evaluate_elsewhere(evaluated, fake, short_scenario_file, monkeypatch, root, "linked")
     for name, key, old, entry in _entry_pairs(evaluated, out):
         if old.get("status") != "ok":  # not run: the reason names the new root's folder
             assert entry["status"] == old["status"] and str(root) in entry["reason"]
@@ -514,7 +488,8 @@ def test_runs_that_are_not_on_this_machine_keep_their_logged_entries(evaluated, 
             assert runs_after[run] == runs_before[run], run
     assert runs_after["student/cross_scale"]["checkpoint"].startswith(str(root))
     assert runs_after["student/ablation/fkl"]["status"] == "not run"
-    assert _load(out, "runs")["data"] == _load(evaluated, "runs")["data"]
+    data = {k: v for k, v in _load(out, "runs")["data"].items() if k != "folder"}
+    assert data == {k: v for k, v in _load(evaluated, "runs")["data"].items() if k != "folder"}
 
 
 def test_render_names_where_each_run_was_measured(evaluated, tmp_path, rendered):
@@ -524,7 +499,7 @@ def test_render_names_where_each_run_was_measured(evaluated, tmp_path, rendered)
     piece = _load(evaluated, "closed_loop")
     hosts = [e["host"] for e in piece["entries"].values()]
     assert all({"cpu", "cores", "torch", "commit"} <= set(h) for h in hosts) and hosts[0]["cores"] >= 1
-    assert "Every run here was measured on " in text and "(issue 7)" in text
+    assert "Every run here was measured on " in text
     for name in ("open_loop", "closed_loop"):
         shutil.copy(evaluated / f"{name}.json", tmp_path / f"{name}.json")
     piece["entries"]["ar"]["host"] = {**piece["entries"]["ar"]["host"], "commit": "0123456789ab"}
@@ -536,9 +511,6 @@ def test_render_names_where_each_run_was_measured(evaluated, tmp_path, rendered)
     assert "Measured apart (real-time rows compare only within one machine and one version of the code):" in apart
     assert "commit 0123456789ab" in apart and "- expert + constant velocity: not recorded" in apart
     assert "| final student − AR model † | realtime | 1 |" in apart and "† the two were measured apart" in apart
-    checks = apart.split("### Acceptance (issue 7)")[1].split("## Runs")[0]
-    assert re.search(r"^- – realtime: student DS [\d.]+ > AR DS [\d.]+: not judged, the two were measured on "
-                     r"different machines or code$", checks, re.M)
 
 
 def test_redo_drives_only_the_named_planners_again(evaluated, fake, short_scenario_file, monkeypatch):

@@ -11,8 +11,9 @@ import pytest
 from wamdiff_ros.bench.render import highway_road, roundabout_scene
 from wamdiff_ros.world.camera import (
     NEAR_M, CameraConfig, CameraConfigError, FrontCamera, LabelledBox, clip_near)
+from wamdiff_ros.geometry import Pose2D
 from wamdiff_ros.world.road_mesh import ASPHALT_RGB, MARKING_RGB
-from wamdiff_ros.world.types import LINE_DASHED, LINE_SOLID, LaneStrip, Pose2D, RoadGeometry, VehicleBox
+from wamdiff_ros.world.types import LINE_DASHED, LINE_SOLID, LaneStrip, RoadGeometry, VehicleBox
 
 CFG = CameraConfig()
 W, H = CFG.width, CFG.height

@@ -50,7 +50,7 @@ class SleepyStraight:
         self.requests: list[float] = []  # world.t at each plan call
         self.resets = getattr(self, "resets", 0) + 1
 
-    def plan(self, obs: Observation) -> PlanResult:
+    def plan(self, obs: Observation, route=None) -> PlanResult:
         self.requests.append(obs.world.t)
         time.sleep(SLEEP_S)
         t = np.arange(1, fmt.NUM_WAYPOINTS + 1) * fmt.WAYPOINT_DT_S
@@ -102,7 +102,7 @@ class Zigzag:
     def reset(self, world) -> None:
         self.side = 1.0
 
-    def plan(self, obs) -> PlanResult:
+    def plan(self, obs, route=None) -> PlanResult:
         self.side = -self.side
         t = 0.5 * np.arange(1, 9)
         return PlanResult(np.stack([10.0 * t, np.full(8, 1.5 * self.side)], axis=1).astype(np.float32))
@@ -253,15 +253,14 @@ def test_model_planner_tiny_random_runs_both_modes(short_set, tiny_planner, mode
 class StraightThenBack:
     """Straight on at the ego's speed 5 cm to the left, then two waypoints 0.7 m and 1.0 m back from the farthest, on
     the ego's own line: the shape of a trained student's plan that once turned the car round on a straight highway.
-    Extended, its last segment runs back along that line, right through the car (training/README.md, "The
-    follower's turn-around")."""
+    Extended, its last segment runs back along that line, right through the car."""
 
     name, needs_camera = "straight_then_back", False
 
     def reset(self, world: World) -> None:
         pass
 
-    def plan(self, obs: Observation) -> PlanResult:
+    def plan(self, obs: Observation, route=None) -> PlanResult:
         x = obs.world.ego_speed * np.arange(1, fmt.NUM_WAYPOINTS + 1) * fmt.WAYPOINT_DT_S
         y = np.full_like(x, 0.05)
         x[-2:], y[-2:] = x[-3] - np.array([0.7, 1.0]), 0.0
@@ -274,3 +273,26 @@ def test_a_plan_that_steps_back_at_its_end_keeps_the_car_in_its_lane(short_set):
     assert log.end_reason == "timeout"  # the whole 3 s on the route, not a route deviation
     assert np.abs(log.heading).max() < 0.02  # it edges left, as asked, and never turns round
     assert np.ptp(log.y) < 0.5
+
+
+class RouteRecorder:
+    """Straight on at the ego's speed; keeps the route each plan request carried and the world's route points then."""
+
+    name, needs_camera = "route_recorder", False
+
+    def reset(self, world: World) -> None:
+        self.seen = []
+
+    def plan(self, obs: Observation, route=None) -> PlanResult:
+        self.seen.append((route, obs.world.route_points()))
+        x = obs.world.ego_speed * np.arange(1, fmt.NUM_WAYPOINTS + 1) * fmt.WAYPOINT_DT_S
+        return PlanResult(np.stack([x, np.zeros_like(x)], axis=1).astype(np.float32))
+
+
+def test_every_plan_request_carries_the_worlds_route_points(short_set):
+    recorder = RouteRecorder()
+    run_episode(short_set.get("intersection"), SEED, recorder, LoopConfig(plan_hz=2.0), short_set)
+    assert len(recorder.seen) >= 2
+    for route, expected in recorder.seen:
+        assert route is not None and route.shape == (len(fmt.ROUTE_AHEAD_M), 2)
+        np.testing.assert_array_equal(route, expected)

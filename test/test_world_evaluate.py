@@ -160,7 +160,7 @@ def test_decode_flags_become_the_planner_overrides():
     parser = argparse.ArgumentParser()
     add_decode_settings_args(parser)
     assert decode_overrides(parser.parse_args([])) == {}  # the rest take the planner's defaults
-    assert decode_overrides(parser.parse_args(["--threshold", "0.6", "--x-order"])) == {
-        "threshold": 0.6, "x_order": True}
+    assert decode_overrides(parser.parse_args(["--threshold", "0.6", "--schedule", "static"])) == {
+        "threshold": 0.6, "schedule": "static"}
     assert decode_overrides(parser.parse_args(["--steps", "8", "--block-size", "16", "--no-constraint"])) == {
         "steps": 8, "block_size": 16, "constrain": False}

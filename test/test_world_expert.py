@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.geometry import wrap_angle
 from wamdiff_ros.world.closed_loop import ExpertPlanner, LoopConfig, Observation, PlanResult, run_episode
-from wamdiff_ros.world.demonstrations import recording_gains
 from wamdiff_ros.world.expert import Expert, ExpertPlan
 from wamdiff_ros.world.metrics import COLLISIONS, score_episode
 from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE, load_scenarios
 from wamdiff_ros.world.sim import World, mirror
-from wamdiff_ros.world.types import wrap_angle
+from wamdiff_training.world.demonstrations import recording_gains
 
 SEED = SPLIT_SEED_BASE["test"]
 EXIT_DEG = {"left": 90.0, "right": -90.0, "straight": 0.0}
@@ -52,7 +52,7 @@ class RecordingExpert(ExpertPlanner):
         self.lead = world.road.vehicles[1] if world.spec.kind == "highway" else None
         self.plans: list[tuple[float, ExpertPlan, tuple, np.ndarray | None]] = []
 
-    def plan(self, obs: Observation) -> PlanResult:
+    def plan(self, obs: Observation, route=None) -> PlanResult:
         p = self._expert.plan()
         lead = None if self.lead is None else self.lead.position.copy()
         self.plans.append((obs.world.t, p, obs.world.ego.lane_index, lead))

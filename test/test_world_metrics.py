@@ -20,8 +20,8 @@ from wamdiff_ros.world.metrics import (
     route_completion,
     score_episode,
 )
-from wamdiff_ros.world.summary import bootstrap_ci, paired_difference_ci, summarize
 from wamdiff_ros.world.report import markdown_table, plot_bev, write_report
+from wamdiff_ros.world.summary import bootstrap_ci, paired_difference_ci, summarize
 from wamdiff_ros.world.types import LaneStrip, RoadGeometry
 
 DT = 0.1

@@ -25,8 +25,9 @@ from wamdiff_ros.world.scenarios import (
     ScenarioSet,
     load_scenarios,
 )
+from wamdiff_ros.geometry import wrap_angle
 from wamdiff_ros.world.sim import COLLISION_REPEAT_S, World, mirror
-from wamdiff_ros.world.types import VehicleBox, wrap_angle
+from wamdiff_ros.world.types import VehicleBox
 
 SEED = SPLIT_SEED_BASE["test"]
 V1_FILE = Path(__file__).resolve().parents[1] / "wamdiff_ros" / "world" / "scenarios_v1.yaml"

@@ -38,8 +38,6 @@ def add_decode_settings_args(parser: argparse.ArgumentParser) -> None:
                         f"{DecodeSettings().threshold:g})")
     parser.add_argument("--schedule", choices=SCHEDULES, default=None)
     parser.add_argument("--no-constraint", action="store_true", help="do not constrain the plan to its grammar")
-    parser.add_argument("--x-order", action="store_true",
-                        help="with the constraint, the x ordering rule: waypoints may not step back")
 
 
 def decode_overrides(args: argparse.Namespace) -> dict:
@@ -48,8 +46,6 @@ def decode_overrides(args: argparse.Namespace) -> dict:
     out = {k: v for k in ("block_size", "steps", "threshold", "schedule") if (v := getattr(args, k)) is not None}
     if args.no_constraint:
         out["constrain"] = False
-    if args.x_order:
-        out["x_order"] = True
     return out
 
 
@@ -103,7 +99,8 @@ def plan_main(argv: list[str] | None = None) -> int:
         print(json.dumps(plan_to_dict(plan)))
     else:
         s = plan.stats
-        print(f"model {planner.bundle.source}  mode {s.mode}  B={s.block_size}  valid={plan.valid} {plan.reason}")
+        print(f"model {planner.bundle.source}  mode {s.mode}  B={s.block_size}  route {s.route}  "
+              f"valid={plan.valid} {plan.reason}")
         for i, ((x, y), c) in enumerate(zip(plan.waypoints, plan.waypoint_confidence)):
             print(f"  t={0.5 * (i + 1):.1f}s  x={x:7.2f} m  y={y:7.2f} m  confidence {c:.2f}")
         print(f"  {s.new_tokens} tokens, {s.forward_calls} forward calls, {s.denoise_steps} denoising steps; "

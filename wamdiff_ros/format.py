@@ -2,17 +2,13 @@
 
 Frame convention (stated once, used everywhere): waypoints are in the ego frame at the current pose,
 x forward, y left, metres, one every 0.5 s for 4 s (8 points), written with 2 decimals.
-Waypoint numbers come in two widths (``FORMAT_VERSIONS``; a checkpoint's ``format_version`` says which it writes):
-version 1 is the paper's free width (``2.26,-0.17``); version 2, what this package exports and trains, gives every
-number 3 integer places, zero-padded, a minus sign taking the first (``002.26,-00.17``, range -99.99..999.99).
-Fixed width gives each answer position one role (say "tenths of x4"), which a block of [MASK] tokens decoded in any
-order needs: a tiny model trained on free-width answers fills late positions with the digits of the wrong number
-(training/README.md, "Number width"). Version 3 keeps version 2's x and writes each y as a sideways bin and a
-residual, in the same width: one letter ``a``..``i`` for the bin ``round(y / 10 m)`` (-4..4, ``e`` = 0), then the
-residual + 5 m with 2 integer places (``d01.83`` = -10 + 1.83 - 5 = -13.17 m; range -45..45 m). A turn's y then
-starts with a letter of its own, where in version 2 it shares a straight road's leading zeros (training/README.md,
-"Sideways bins"). Prompts are the same in every version; the optional route line has formats of its own
-(``ROUTE_FORMATS``, a checkpoint's ``route_format``).
+Waypoint answers come in two formats (``FORMAT_VERSIONS``; a checkpoint's ``format_version`` says which it writes).
+Version 1 is WAM-Diff2's free width (``2.26,-0.17``). Version 3, what this package exports and trains, gives every
+position of the answer one role, which a block of [MASK] tokens decoded in any order needs: x has 3 integer places,
+zero-padded, a minus sign taking the first (``002.26``, range -99.99..999.99); y is a sideways bin and a residual in
+the same width, one letter ``a``..``i`` for the bin ``round(y / 10 m)`` (-4..4, ``e`` = 0), then the residual + 5 m
+with 2 integer places (``d01.83`` = -10 + 1.83 - 5 = -13.17 m; range -45..45 m).
+Prompts are the same in every version; the optional route line writes its numbers in version 3's x width.
 Boxes are written on a 0-1000 image grid (x right, y down) as ``label:x1,y1,x2,y2`` items joined by ``;``.
 """
 
@@ -25,14 +21,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-FORMAT_VERSION = 2  # what this package writes
-FORMAT_VERSIONS = (1, 2, 3)  # what it reads and decodes
+FORMAT_VERSION = 3  # what this package writes
+FORMAT_VERSIONS = (1, 3)  # what it reads and decodes
 NUM_WAYPOINTS = 8
 WAYPOINT_DT_S = 0.5
 WAYPOINT_DECIMALS = 2
 MAX_INT_DIGITS = 3  # |coordinate| < 1000 m
-LATERAL_BIN_M = 10.0  # version 3: the width of a sideways bin
-LATERAL_BINS = "abcdefghi"  # version 3: bins -4..4 (e = 0), one letter each
+LATERAL_BIN_M = 10.0  # the width of a sideways bin
+LATERAL_BINS = "abcdefghi"  # bins -4..4 (e = 0), one letter each
 BOX_GRID = 1000
 NO_BOXES = "none"
 
@@ -88,68 +84,43 @@ def _num(v: float) -> str:
 
 
 ROUTE_AHEAD_M = (10.0, 30.0)  # where along the route the route points lie (metres ahead of the ego)
-ROUTE_FORMATS = (2, 3)  # the route line's numbers: 2 version 2's width; 3 the same x, each y as version 3's bin
 _ROUTE_LINE = "The route passes "
 
 
-def route_line(points: np.ndarray, route_format: int = 2) -> str:
+def route_line(points: np.ndarray) -> str:
     """The optional route line of the plan prompt: the route lane's centre ``ROUTE_AHEAD_M`` ahead along the route,
-    ego frame. ``route_format`` 2 writes version 2's width: ``The route passes (010.00,-00.77) and (029.24,-04.17)``;
-    3 writes each y as version 3's answers do (``(010.00,e04.23) and (029.24,e00.83)``), so a route point 15 m to
-    one side starts with the bin letter the answer's y at that distance starts with (training/README.md, "v16")."""
-    if route_format not in ROUTE_FORMATS:
-        raise ValueError(f"route format {route_format!r} is not one of {ROUTE_FORMATS}")
+    ego frame, e.g. ``The route passes (010.00,-00.77) and (029.24,-04.17)``."""
     arr = np.asarray(points, dtype=np.float64)
     if arr.shape != (len(ROUTE_AHEAD_M), 2) or not np.isfinite(arr).all():
         raise ValueError(f"route points: expected {len(ROUTE_AHEAD_M)} finite (x, y) pairs, got {arr.tolist()!r}")
-    low, high = waypoint_range(2)
-    arr = np.clip(arr, low, high)
-    lateral = _fixed if route_format == 2 else _lateral
-    return _ROUTE_LINE + " and ".join(f"({_fixed(x)},{lateral(y)})" for x, y in arr)
+    arr = np.clip(arr, *_FIXED_RANGE)
+    return _ROUTE_LINE + " and ".join(f"({_fixed(x)},{_fixed(y)})" for x, y in arr)
 
 
 def has_route_line(prompt: str) -> bool:
     return _ROUTE_LINE in prompt
 
 
-_ROUTE_POINTS = re.compile(re.escape(_ROUTE_LINE)
-                           + " and ".join([r"\((-?[\d.]+),([%s]?-?[\d.]+)\)" % LATERAL_BINS] * len(ROUTE_AHEAD_M)))
+_ROUTE_POINTS = re.compile(re.escape(_ROUTE_LINE) + " and ".join([r"\((-?[\d.]+),(-?[\d.]+)\)"] * len(ROUTE_AHEAD_M)))
 
 
 def parse_route_line(prompt: str) -> np.ndarray | None:
-    """The route points a plan prompt's route line carries (``route_line``'s inverse, either route format),
-    (len(ROUTE_AHEAD_M), 2) ego frame; None when the prompt has no route line (the paper's prompt)."""
+    """The route points a plan prompt's route line carries (``route_line``'s inverse), (len(ROUTE_AHEAD_M), 2) ego
+    frame; None when the prompt has no route line (the paper's prompt)."""
     m = _ROUTE_POINTS.search(prompt)
     if m is None:
         return None
-    values = [_lateral_value(v) if v[0] in LATERAL_BINS else float(v) for v in m.groups()]
-    return np.array(values, dtype=np.float64).reshape(-1, 2)
-
-
-def route_line_format(prompt: str) -> int | None:
-    """The route format (``ROUTE_FORMATS``) of a plan prompt's route line; None without one."""
-    m = _ROUTE_POINTS.search(prompt)
-    return None if m is None else (3 if m.group(2)[0] in LATERAL_BINS else 2)
-
-
-def rewrite_route_line(prompt: str, points: np.ndarray | None, route_format: int) -> str:
-    """``prompt`` with its route line written again in ``route_format``, from ``points`` (the exact floats an export
-    keeps in ``meta.route_points``) or else from the line itself; a prompt without one is returned as it is."""
-    m = _ROUTE_POINTS.search(prompt)
-    if m is None:
-        return prompt
-    points = parse_route_line(prompt) if points is None else points
-    return prompt[:m.start()] + route_line(points, route_format) + prompt[m.end():]
+    return np.array([float(v) for v in m.groups()], dtype=np.float64).reshape(-1, 2)
 
 
 def plan_prompt(command: Command, velocity: tuple[float, float], acceleration: tuple[float, float],
-                route: np.ndarray | None = None, route_format: int = 2) -> str:
+                route: np.ndarray | None = None) -> str:
     """WAM-Diff2's NAVSIM planning prompt (user turn, before chat wrapping). ``route``: the optional route points
-    (``route_line`` in ``route_format``), written after the navigation command; the paper's prompt has none."""
+    (``route_line``), written after the navigation command; the paper's prompt has none."""
     return (
         _IMAGE_INTRO
         + f"The navigation information is: {Command(command).phrase}\n"
-        + ("" if route is None else route_line(route, route_format) + "\n")
+        + ("" if route is None else route_line(route) + "\n")
         + "The current position is (0.00,0.00)\n"
         + f"The current velocity is: {_pair(*velocity)} and current accelerate is: {_pair(*acceleration)}\n"
         + _PLAN_INSTRUCTION
@@ -183,6 +154,10 @@ def chat(user: str, image_tokens: int) -> str:
 # Answers
 
 
+_FREE_RANGE = (-(10.0**MAX_INT_DIGITS - 0.01), 10.0**MAX_INT_DIGITS - 0.01)
+_FIXED_RANGE = (-(10.0 ** (MAX_INT_DIGITS - 1) - 0.01), 10.0**MAX_INT_DIGITS - 0.01)  # a minus sign takes a place
+
+
 def check_format_version(version: int) -> int:
     if version not in FORMAT_VERSIONS:
         raise ValueError(f"format version {version!r} is not one of {FORMAT_VERSIONS}")
@@ -190,9 +165,9 @@ def check_format_version(version: int) -> int:
 
 
 def waypoint_range(version: int = FORMAT_VERSION) -> tuple[float, float]:
-    """The numbers a version can write; ``format_waypoints`` clips to it (version 3's y: ``lateral_range``)."""
-    top = 10.0**MAX_INT_DIGITS - 0.01
-    return (-top if check_format_version(version) == 1 else -(10.0 ** (MAX_INT_DIGITS - 1) - 0.01)), top
+    """The x values a version can write (version 1: also its y); ``format_waypoints`` clips to it (version 3's y:
+    ``lateral_range``)."""
+    return _FREE_RANGE if check_format_version(version) == 1 else _FIXED_RANGE
 
 
 def lateral_range() -> tuple[float, float]:
@@ -202,7 +177,7 @@ def lateral_range() -> tuple[float, float]:
 
 
 def _lateral(v: float) -> str:
-    """Version 3's y: bin letter, then the residual + half a bin, ``DD.DD``."""
+    """A y of version 3: bin letter, then the residual + half a bin, ``DD.DD``."""
     half = len(LATERAL_BINS) // 2
     low, high = lateral_range()
     v = min(max(float(v), low), high)
@@ -216,7 +191,7 @@ def _lateral_value(text: str) -> float:
 
 
 def _fixed(v: float) -> str:
-    """Version 2: 3 integer places, zero-padded; a minus sign takes the first."""
+    """Fixed width (version 3's x, the route line): 3 integer places, zero-padded; a minus sign takes the first."""
     text = _num(v)
     if text.startswith("-"):
         return "-" + text[1:].rjust(MAX_INT_DIGITS + WAYPOINT_DECIMALS, "0")
@@ -228,28 +203,18 @@ def format_waypoints(waypoints: np.ndarray, version: int = FORMAT_VERSION) -> st
         raise ValueError("waypoints contain NaN")
     low, high = waypoint_range(version)
     arr = np.clip(np.asarray(waypoints, dtype=np.float64).reshape(NUM_WAYPOINTS, 2), low, high)
-    if version == 3:
-        return ",".join(f"{_fixed(x)},{_lateral(y)}" for x, y in arr)
-    write = _num if version == 1 else _fixed
-    return ",".join(write(v) for v in arr.reshape(-1))
-
-
-def reformat_waypoints(text: str, version: int = FORMAT_VERSION) -> str | None:
-    """A waypoint answer rewritten in ``version``'s width (values unchanged); None when it does not parse."""
-    parsed = parse_waypoints(text)
-    return format_waypoints(parsed.waypoints.astype(np.float64), version) if parsed.valid else None
+    if version == 1:
+        return ",".join(_num(v) for v in arr.reshape(-1))
+    return ",".join(f"{_fixed(x)},{_lateral(y)}" for x, y in arr)
 
 
 def waypoint_text_version(text: str) -> int | None:
-    """3 when a valid answer writes its y as sideways bins (its x then have the fixed width), 2 when every number has
-    the fixed width, 1 when it parses otherwise, None when invalid."""
+    """3 when a valid answer writes its y as sideways bins (its x then have the fixed width), 1 when it parses
+    otherwise, None when invalid."""
     parsed = parse_waypoints(text)
     if not parsed.valid:
         return None
-    parts = [p.strip() for p in _strip_answer(text).split(",")]
-    if _LATERAL_NUMBER.match(parts[1]):
-        return 3
-    return 2 if all(_FIXED_NUMBER.match(p) for p in parts) else 1
+    return 3 if _LATERAL_NUMBER.match(_strip_answer(text).split(",")[1].strip()) else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,10 +316,9 @@ def parse_text(text: str) -> str:
 # Character grammar of the planning answer, for the decoder's vocabulary constraint.
 # States: number k in [0, 16) times a position inside the number, then DONE (answer complete, EOS next).
 # Inside a number: 0 start, 1 after '-', 2..1+MAX_INT_DIGITS after that many integer digits, then '.', then
-# the decimals. Version 2 counts a leading '-' as an integer place (0 -> 2) and allows '.' only after all
-# MAX_INT_DIGITS places, so state 1 is unused there. Version 3 writes x as version 2 and starts every y (odd k)
-# with a bin letter, which takes the first integer place as the minus sign does. The decoder lifts this to tokens; the parser above accepts
-# everything either version accepts.
+# the decimals. Version 3 counts a leading '-' as an integer place (0 -> 2) and allows '.' only after all
+# MAX_INT_DIGITS places, so state 1 is unused there, and starts every y (odd k) with a bin letter, which takes the
+# first integer place as the minus sign does. The decoder lifts this to tokens; the parser above accepts both versions.
 
 _SUB_START, _SUB_SIGN = 0, 1
 _SUB_DOT = 2 + MAX_INT_DIGITS  # states 2 .. 1+MAX_INT_DIGITS count integer digits
@@ -371,8 +335,8 @@ def waypoint_grammar_step(state: int, char: str, version: int = FORMAT_VERSION) 
     k, sub = divmod(state, _SUB_STATES)
     base = k * _SUB_STATES
     digit = len(char) == 1 and "0" <= char <= "9"
-    fixed = check_format_version(version) >= 2
-    if version == 3 and k % 2 == 1 and sub == _SUB_START:
+    fixed = check_format_version(version) == 3
+    if fixed and k % 2 == 1 and sub == _SUB_START:
         return base + 2 if len(char) == 1 and char in LATERAL_BINS else -1
     if sub == _SUB_START:
         if char == "-":

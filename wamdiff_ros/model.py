@@ -51,8 +51,7 @@ class DecodeMeta:
     prompt_attention: str = "block_causal"  # the prompt is prefilled in trained_block_size chunks
     format_version: int = fmt.FORMAT_VERSION
     mask_token: str = DEFAULT_MASK_TOKEN
-    route_points: bool = False  # trained with the optional route line in its plan prompts (fmt.route_line)
-    route_format: int = 2  # the route line's numbers it was trained on (fmt.ROUTE_FORMATS; 3: y as sideways bins)
+    route_points: bool = True  # trained with the optional route line in its plan prompts (fmt.route_line)
 
     def __post_init__(self) -> None:
         if self.prediction not in PREDICTIONS:
@@ -67,8 +66,6 @@ class DecodeMeta:
             raise CheckpointError(f"{META_FILE}: a next_token (AR) checkpoint has trained_block_size 1")
         if not isinstance(self.route_points, bool):
             raise CheckpointError(f"{META_FILE}: route_points {self.route_points!r} must be true or false")
-        if self.route_format not in fmt.ROUTE_FORMATS or isinstance(self.route_format, bool):
-            raise CheckpointError(f"{META_FILE}: route_format {self.route_format!r} is not one of {fmt.ROUTE_FORMATS}")
         if self.format_version not in fmt.FORMAT_VERSIONS:
             raise CheckpointError(
                 f"{META_FILE}: format_version {self.format_version} is not one this package reads "
@@ -152,9 +149,11 @@ def _read_meta(folder: Path, config: Qwen3VLConfig) -> DecodeMeta:
             raise CheckpointError(f"{path}: bad decode metadata ({exc})") from exc
     block = getattr(config, "block_size", None)
     if block:  # a WAM-Diff2 config without our metadata file: the paper's free-width answers
-        return DecodeMeta(trained_block_size=int(block), prompt_attention="block_causal", format_version=1)
+        return DecodeMeta(trained_block_size=int(block), prompt_attention="block_causal", format_version=1,
+                          route_points=False)
     log.warning("%s has no %s: treating it as an autoregressive Qwen3-VL model", folder, META_FILE)
-    return DecodeMeta(prediction="next_token", trained_block_size=1, prompt_attention="causal", format_version=1)
+    return DecodeMeta(prediction="next_token", trained_block_size=1, prompt_attention="causal", format_version=1,
+                      route_points=False)
 
 
 def _check_weights(folder: Path) -> list[Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from wamdiff_ros.model_names import DEFAULT_MODEL
 
 MIN_IMAGE_SIDE = 32
 MAX_ASPECT = 100
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,7 @@ class EgoState:
 @dataclass(slots=True)
 class PlanStats:
     mode: str = ""  # "ar" or "block"
+    route: str = ""  # plan only: "used", "missing" (a route-trained model planned without one) or "unused"
     block_size: int = 0
     forward_calls: int = 0
     new_tokens: int = 0
@@ -138,10 +141,11 @@ class Planner:
         bundle.meta.check_block_size(settings.block_size)
         self.bundle = bundle
         self.settings = settings
+        self._warned_no_route = False
         vocab = bundle.model.get_output_embeddings().weight.shape[0]
         self._constraint = (
             WaypointConstraint(bundle.tokenizer, bundle.eos_token_id, settings.max_new_tokens, vocab,
-                               bundle.meta.format_version, settings.x_order)
+                               bundle.meta.format_version)
             if settings.constrain
             else None
         )
@@ -158,7 +162,6 @@ class Planner:
         schedule: str | None = None,
         max_new_tokens: int | None = None,
         constrain: bool = True,
-        x_order: bool = False,
     ) -> Planner:
         """``path``: a checkpoint folder, a packaged model's name (default ``wamdiff-tiny``) or "tiny-random". Unset
         decode settings take the package defaults, the block size at most the checkpoint's trained one."""
@@ -171,7 +174,6 @@ class Planner:
             schedule=schedule if schedule is not None else defaults.schedule,
             max_new_tokens=max_new_tokens if max_new_tokens is not None else defaults.max_new_tokens,
             constrain=constrain,
-            x_order=x_order,
         )
         return cls(bundle, settings)
 
@@ -194,28 +196,36 @@ class Planner:
             decode_s=generation.decode_s,
         )
 
-    @property
-    def wants_route_points(self) -> bool:
-        """Whether the checkpoint was trained with the route line in its plan prompts (``DecodeMeta.route_points``):
-        then give ``plan`` its ``route``."""
-        return bool(self.bundle.meta.route_points)
-
     def plan(self, image: np.ndarray, ego: EgoState, command: fmt.Command | str,
              route: np.ndarray | None = None) -> Plan:
-        """``route``: the optional route points, (2, 2) ego frame (``fmt.route_line``; ``World.route_points`` in the
-        CPU world), for a checkpoint that wants them (``wants_route_points``); None: the paper's prompt."""
+        """``route``: the route points the caller has, (2, 2) ego frame (``fmt.route_line``; ``World.route_points`` in
+        the CPU world), or None. The prompt carries them when the checkpoint was trained with them
+        (``DecodeMeta.route_points``); such a model planning without one is warned about once and its plan's
+        ``stats.route`` says "missing"."""
         image = check_image(image)
         ego = check_ego(ego)
         command = check_command(command)
         route = check_route(route)
-        prompt = fmt.plan_prompt(command, ego.velocity, ego.acceleration, route, self.bundle.meta.route_format)
+        if not self.bundle.meta.route_points:
+            route, route_state = None, "unused"
+        elif route is None:
+            route_state = "missing"
+            if not self._warned_no_route:
+                self._warned_no_route = True
+                log.warning("%s was trained with route points in its plan prompt and got none: its plans may be "
+                            "near standstill (pass route=, or --route to wamdiff-plan)", self.bundle.source)
+        else:
+            route_state = "used"
+        prompt = fmt.plan_prompt(command, ego.velocity, ego.acceleration, route)
         text, generation = self._run(prompt, image, self._constraint)
         parsed = fmt.parse_waypoints(text)
         texts = self.bundle.tokenizer.batch_decode([[t] for t in generation.result.tokens])
         conf = waypoint_confidence(texts, generation.result.confidence)
         if not parsed.valid:
             conf = np.zeros(fmt.NUM_WAYPOINTS, dtype=np.float32)
-        return Plan(parsed.waypoints, conf, [], text, parsed.valid, parsed.reason, self._stats(generation))
+        stats = self._stats(generation)
+        stats.route = route_state
+        return Plan(parsed.waypoints, conf, [], text, parsed.valid, parsed.reason, stats)
 
     def detect(self, image: np.ndarray) -> Plan:
         image = check_image(image)

@@ -14,6 +14,7 @@ import numpy as np
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.errors import RouteError
+from wamdiff_ros.geometry import world_to_ego
 
 # What a route source publishes for it in the CPU world (the ROS bridge's route/path): the route lane's centre every
 # metre from the ego's projection to 60 m ahead, past ``fmt.ROUTE_AHEAD_M``'s farthest point. ``World.route_points``
@@ -68,6 +69,4 @@ def route_points_ahead(path_xy, ego_xy, ego_yaw: float, distances=fmt.ROUTE_AHEA
     s = np.minimum(along[i] + t[i] * length[i] + ahead, along[-1])
     points = np.stack([np.interp(s, along, path[:, 0]), np.interp(s, along, path[:, 1])], axis=1)
 
-    c, s_ = math.cos(yaw), math.sin(yaw)
-    d = points - ego
-    return np.stack([c * d[:, 0] + s_ * d[:, 1], -s_ * d[:, 0] + c * d[:, 1]], axis=1)
+    return world_to_ego(points, float(ego[0]), float(ego[1]), yaw)

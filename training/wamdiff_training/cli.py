@@ -1,5 +1,7 @@
 """``wamdiff-train {ar,adapt,distill,cross-scale} --config FILE [--resume [CKPT]] [--set key=value ...]``;
-``wamdiff-train eval ...`` evaluates checkpoints (``wamdiff_training.evaluation``).
+``wamdiff-train eval ...`` evaluates checkpoints (``wamdiff_training.evaluation``); ``wamdiff-train data ...`` exports
+the CPU world's data, ``wamdiff-train probe lane|lead ...`` and ``wamdiff-train trace ...`` probe a model in it
+(``wamdiff_training.world``).
 
 Runs as one process or under ``torchrun --nproc-per-node N -m wamdiff_training.cli ...``. Exit status: 0 done,
 2 a bad config / argument / checkpoint / stage setting, 1 anything else.
@@ -55,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         from wamdiff_training import export
 
         return export.main(argv[1:])
+    if argv[:1] == ["data"]:  # the CPU world's exports: generate, recoveries
+        from wamdiff_training.world import dataset
+
+        return dataset.main(argv[1:])
+    if argv[:1] in (["probe"], ["trace"]):
+        from wamdiff_training.world import commands
+
+        return (commands.probe_main if argv[0] == "probe" else commands.trace_main)(argv[1:])
     args = parser().parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,

@@ -30,9 +30,7 @@ TURNS = ("all", "first")
 RESUME_NEUTRAL = {"out", "data.cache_size"}
 # Fields added after runs were made, with the value that means "as before": left out of the fingerprint while they
 # hold it, so a run checkpointed before the field existed still resumes.
-ADDED_DEFAULTS = {"ar.in_place_weight": 0.0, "cross_scale.block_teacher": "",
-                  "cross_scale.block_teacher_block_size": None, "cross_scale.block_teacher_share": 0.0,
-                  "cross_scale.route_teacher": "", "cross_scale.route_scenarios": []}
+ADDED_DEFAULTS = {"ar.in_place_weight": 0.0}
 
 
 class ConfigError(FieldError):
@@ -60,7 +58,7 @@ class ModelConfig:
 
 @dataclass(slots=True)
 class DataConfig:
-    train: list[str] = field(default_factory=list)  # record JSON files (wamdiff-data exports, NAVSIM conversions)
+    train: list[str] = field(default_factory=list)  # record JSON files (wamdiff-train data exports, NAVSIM conversions)
     root: str | None = None  # image paths resolve against this instead of each file's folder
     turns: str = "all"
     task_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
@@ -103,7 +101,7 @@ class ArSection:
     # > 0: also the B = 1 in-place loss (every answer token [MASK]ed, predicted at its own position from the clean
     # prefix) with this weight, from the same forward: the next-token logits come from the layout's clean copy,
     # which attends exactly as the AR layout. 0 (the paper): next-token only; Stage I's B = 1 then learns the
-    # in-place head from scratch (the label switch, training/README).
+    # in-place head from scratch.
     in_place_weight: float = 0.0
 
 
@@ -152,15 +150,6 @@ class CrossScaleSection(DistillSection):
     """The ``cross_scale:`` config section: ``distill``'s keys plus the teacher's kind."""
 
     teacher_kind: str = "auto"
-    # > 0: the target is mixed with a second, small-block diffusion model (the student's own Stage II block teacher):
-    # p = (1 - share) * p_teacher + share * p_block_teacher on the same states; 0 (the paper): the teacher alone
-    block_teacher: str = ""
-    block_teacher_block_size: int | None = None  # None: the block teacher's trained_block_size
-    block_teacher_share: float = 0.0
-    # a second diffusion teacher for the records of some scenarios (a record's scenario is its id's second field,
-    # e.g. train_highway_480_0000_plan): their target is route_teacher's, every other record's the teacher's
-    route_teacher: str = ""
-    route_scenarios: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -278,13 +267,6 @@ def validate(config: Config) -> Config:
     _require(s, o.log_every >= 1, "out.log_every", f"must be >= 1, got {o.log_every}")
     w = config.ar.in_place_weight
     _require(s, math.isfinite(w) and w >= 0, "ar.in_place_weight", f"must be finite and >= 0, got {w}")
-    c = config.cross_scale
-    _require(s, 0 <= c.block_teacher_share <= 1, "cross_scale.block_teacher_share",
-             f"must be in [0, 1], got {c.block_teacher_share}")
-    _require(s, c.block_teacher_share == 0 or c.block_teacher != "", "cross_scale.block_teacher",
-             f"must name a checkpoint when block_teacher_share is {c.block_teacher_share}")
-    _require(s, bool(c.route_teacher) == bool(c.route_scenarios), "cross_scale.route_scenarios",
-             f"give route_teacher and route_scenarios together; got {c.route_teacher!r} and {c.route_scenarios}")
     return config
 
 

@@ -1,4 +1,4 @@
-"""Conversation JSON (``wamdiff-data`` exports, WAM-Diff2 / LLaVA-style NAVSIM conversions) -> records -> samples.
+"""Conversation JSON (``wamdiff-train data`` exports, WAM-Diff2 / LLaVA-style NAVSIM conversions) -> records -> samples.
 
 A file is a list of ``{"id", "image", "conversations", "task"?, "meta"?}``. Accepted variants:
 
@@ -37,6 +37,7 @@ from wamdiff_training.sampling import TaskMix  # noqa: F401  (re-exported: the m
 HUMAN_ROLES = ("human", "user")
 GPT_ROLES = ("gpt", "assistant")
 TURNS = ("all", "first")
+MANIFEST = "manifest.json"  # beside an export's record files: its format (``read_manifest``)
 
 
 class RecordError(WamDiffError, ValueError):
@@ -83,8 +84,8 @@ SLOW_DOWN_M = 8.0  # a slow-down: the reference's 4 s waypoint falls this far sh
 
 
 def behaviour_of(meta: dict) -> str | None:
-    """What the expert does in a world plan record (its ``meta``): ``recovery`` (a ``wamdiff-data recoveries`` frame:
-    the ego placed off its lane centre, whatever the expert then does), ``yield`` (waiting for traffic),
+    """What the expert does in a world plan record (its ``meta``): ``recovery`` (a ``wamdiff-train data recoveries``
+    frame: the ego placed off its lane centre, whatever the expert then does), ``yield`` (waiting for traffic),
     ``lane_change``, ``junction`` (a commanded turn or crossing: left / right / straight), else ``cruise`` (lane
     keeping, following). None for records without the world's ``expert`` / ``command`` fields (other datasets)."""
     expert, command = meta.get("expert"), meta.get("command")
@@ -253,26 +254,25 @@ def load_records(paths: str | Path | Iterable[str | Path], root: str | Path | No
     return records
 
 
-def one_version(records: Sequence[Record], version_of, what: str, kind: str, fix: str) -> int | None:
-    """The one version ``version_of(record)`` gives the records it gives one for (None when none does). Two versions
-    in one run are refused, naming the first record of each: a model learns one, and its checkpoint records which.
-    ``what`` names the versioned text in the message, ``kind`` its versions, ``fix`` the command that rewrites it."""
-    first: dict[int, Record] = {}
-    for record in records:
-        version = version_of(record)
-        if version is not None and first.setdefault(version, record) is record and len(first) > 1:
-            (a, b), (va, vb) = first.values(), first
-            raise RecordError(a.source, f"{what} {a.id!r} is written in {kind} {va} but {b.source} ({b.id!r}) in "
-                                        f"{kind} {vb}; rewrite one with `{fix}` so a run trains one")
-    return next(iter(first), None)
-
-
-def answer_format_version(records: Sequence[Record]) -> int | None:
-    """The waypoint format version (``wamdiff_ros.format``) the plan answers are written in; None without plan
-    answers. Answers of two versions in one run are refused (``one_version``): a model learns one width, and its
-    checkpoint records which (``DecodeMeta.format_version``)."""
-    return one_version(records, lambda r: fmt.waypoint_text_version(r.answer) if r.task == "plan" else None,
-                       "plan answer", "waypoint format", "wamdiff-data reformat --version")
+def read_manifest(train_file: str | Path) -> dict | None:
+    """The ``manifest.json`` beside a record file (a ``wamdiff-train data`` export writes it), or None without one
+    (hand-written data). Its ``format_version`` (the plan answers' waypoint format) and ``route_points`` (whether the
+    plan prompts carry the route line) are checked: they are what a checkpoint trained on the file records."""
+    path = Path(train_file).parent / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RecordError(path, f"cannot read the export manifest ({exc})") from exc
+    if not isinstance(manifest, dict):
+        raise RecordError(path, f"expected an object, got {type(manifest).__name__}")
+    version = manifest.get("format_version")
+    if type(version) is not int or version not in fmt.FORMAT_VERSIONS:
+        raise RecordError(path, f"expected one of {fmt.FORMAT_VERSIONS}, got {version!r}", field="format_version")
+    if not isinstance(manifest.get("route_points", False), bool):
+        raise RecordError(path, f"expected true or false, got {manifest['route_points']!r}", field="route_points")
+    return manifest
 
 
 def encode_answer(bundle: ModelBundle, text: str) -> torch.Tensor:

@@ -28,12 +28,10 @@ import torch.distributed as dist
 import yaml
 from torch import nn
 
-from wamdiff_ros import format as fmt
 from wamdiff_ros.model import DecodeMeta, ModelBundle, load_checkpoint, tiny_random
 from wamdiff_training import checkpoint
 from wamdiff_training.config import Config, ConfigError
-from wamdiff_training.data import (Record, Sample, SampleDataset, answer_format_version, load_records, mix_group,
-                                  one_version)
+from wamdiff_training.data import Sample, SampleDataset, load_records, mix_group, read_manifest
 from wamdiff_training.metrics_log import MetricsLog
 from wamdiff_training.sampling import TaskMix, TaskMixSampler
 
@@ -248,9 +246,7 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
         bundle = build_bundle(config)
     records = load_records(config.data.train, config.data.root, config.data.turns)[: config.data.limit]
     dataset = SampleDataset(records, bundle, config.data.cache_size)
-    data_format = answer_format_version(records)  # the width the model learns, saved with every checkpoint
-    data_route = route_points_in(records)  # whether its plan prompts carry the route line, saved likewise
-    data_route_format = route_format_in(records)  # and in which numbers
+    data_format = export_format(config.data.train, config.source)  # saved with every checkpoint
     weights = config.data.task_weights
     sampler = TaskMixSampler([mix_group(r, weights) for r in records], TaskMix(weights), t.batch_size * t.grad_accum,
                              seed=t.seed, rank=ctx.rank, world_size=ctx.world_size, epoch_size=config.data.epoch_size)
@@ -304,7 +300,7 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
             position = {**sampler.state_dict(), "epoch": done // spe, "position": done % spe}
             saved = checkpoint.save(out.dir, done, module=runner, optimizer=optimizer, scheduler=scheduler,
                                     sampler_state=position, bundle=bundle,
-                                    meta=_meta(stage, bundle, data_format, data_route, data_route_format),
+                                    meta=_meta(stage, bundle, data_format),
                                     fingerprint=config.fingerprint(), stage=stage_name, keep=out.keep) or saved
         if stop_after is not None and done >= stop_after:
             metrics_log.close()
@@ -317,29 +313,31 @@ def _train(config: Config, build_stage: StageFactory, stage_name: str, ctx: Dist
     return TrainResult(t.steps, losses, saved, rate, rate * global_batch)
 
 
-def route_points_in(records: Sequence[Record]) -> bool | None:
-    """Whether the plan prompts carry the optional route line (``fmt.route_line``; ``wamdiff-data generate
-    --route-points``): True when any does, None without plan records. A checkpoint records it
-    (``DecodeMeta.route_points``) so the planner and the evaluator give the model its route points."""
-    plans = [r for r in records if r.task == "plan"]
-    return None if not plans else any(fmt.has_route_line(r.user) for r in plans)
+def export_format(files: Sequence[str | Path], source: str = "data.train") -> dict | None:
+    """The answers' waypoint format and whether the plan prompts carry the route line, as the exports of ``files``
+    wrote them into their manifests (``{"format_version": 3, "route_points": True}``); None when no file has a
+    manifest (hand-written data: the checkpoint keeps its model's decode metadata). Exports written in two formats
+    are refused: a model learns one, and its checkpoint records which."""
+    found: dict[tuple, str] = {}
+    for file in files:
+        manifest = read_manifest(file)
+        if manifest is not None:
+            found.setdefault((manifest["format_version"], bool(manifest.get("route_points", False))), str(file))
+    if len(found) > 1:
+        (a, fa), (b, fb) = list(found.items())[:2]
+        raise ConfigError(source, "data.train", f"{fa} was exported with format_version {a[0]}, route_points {a[1]} "
+                                                f"but {fb} with {b[0]}, {b[1]}: a run trains on one format")
+    if not found:
+        return None
+    (version, route), = found
+    return {"format_version": version, "route_points": route}
 
 
-def route_format_in(records: Sequence[Record]) -> int | None:
-    """The route format (``fmt.ROUTE_FORMATS``) of the plan prompts' route lines; None without any. Both formats in one
-    run are refused (``data.one_version``); the checkpoint records which (``DecodeMeta.route_format``)."""
-    return one_version(records, lambda r: fmt.route_line_format(r.user) if r.task == "plan" else None,
-                       "the route line of plan prompt", "route format", "wamdiff-data reformat --route-format")
-
-
-def _meta(stage: Stage, bundle: ModelBundle, data_format: int | None, data_route: bool | None = None,
-          data_route_format: int | None = None) -> DecodeMeta:
-    """The stage's decode metadata, with the waypoint format of the data it trained on, whether its plan prompts
-    carried the route line and in which route format (each when it had plans, or route lines)."""
+def _meta(stage: Stage, bundle: ModelBundle, data_format: dict | None) -> DecodeMeta:
+    """The stage's decode metadata, with the waypoint format and the route line of the data it trained on (when its
+    exports say)."""
     meta = stage.decode_meta(bundle.meta)
-    meta = meta if data_format is None else dataclasses.replace(meta, format_version=data_format)
-    meta = meta if data_route is None else dataclasses.replace(meta, route_points=data_route)
-    return meta if data_route_format is None else dataclasses.replace(meta, route_format=data_route_format)
+    return meta if data_format is None else dataclasses.replace(meta, **data_format)
 
 
 def _progress(enabled: bool, start: int, total: int):

@@ -28,11 +28,10 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.decoding.unmask import SCHEDULES
-from wamdiff_ros.decoding.xorder import TOLERANCE_M
 from wamdiff_ros.errors import CheckpointError, WamDiffError
 from wamdiff_ros.model import TINY_RANDOM, ModelBundle, load
 from wamdiff_ros.planner import EgoState, Plan, Planner
-from wamdiff_ros.world.questions import read_lead_answer
+from wamdiff_training.world.questions import read_lead_answer
 from wamdiff_training import checkpoint, plots
 from wamdiff_training.data import (BEHAVIOURS, TURN_END_M, Record, RecordError, Sample, behaviour_of,
                                   encode_record, load_records, turn_ahead)
@@ -137,7 +136,7 @@ def load_subject(path: str, label: str, args: argparse.Namespace, threshold: flo
         bundle.meta.check_block_size(block)
         settings = DecodeSettings(block_size=block, steps=args.steps or DecodeSettings().steps, threshold=threshold,
                                   schedule=args.schedule or DecodeSettings().schedule,
-                                  max_new_tokens=args.max_new_tokens, x_order=args.x_order)
+                                  max_new_tokens=args.max_new_tokens)
     except WamDiffError as exc:  # CheckpointError / DecodeSettingsError: say which checkpoint
         raise EvalError(f"{flag} {path}: {exc}") from exc
     return Subject(path, label, bundle, settings)
@@ -192,13 +191,13 @@ def turn_starts(predicted: list, references: list[np.ndarray], starts: list[bool
             "median_sideways_m": float(np.median(sideways)) if sideways else None}
 
 
-STEP_BACK_M = TOLERANCE_M  # a waypoint whose x lies this far behind the one before it steps back (the x rule's)
+STEP_BACK_M = 1.0  # a waypoint whose x lies this far behind the one before it steps back
 
 
 def steps_back(predicted: list, references: list[np.ndarray]) -> dict:
     """How many valid plans step back: some waypoint's x lies more than STEP_BACK_M behind the one before it (the
     references' count beside it). Block decoding fixes a number's digits in any order, and a tiny student writes
-    some tens digits wrong (``…,039.13,…,059.13,…,050.13``: training/README.md, "v16"); the follower drops such
+    some tens digits wrong (``…,039.13,…,059.13,…,050.13``); the follower drops such
     waypoints (``control.follower.forward_path``)."""
     def back(waypoints) -> bool:
         return waypoints is not None and bool((np.diff(np.asarray(waypoints)[:, 0]) < -STEP_BACK_M).any())
@@ -209,7 +208,7 @@ def steps_back(predicted: list, references: list[np.ndarray]) -> dict:
 
 
 def counterfactual_frames(records: list[Record]) -> list[Path | None]:
-    """Per plan record, its image when a ``wamdiff-data generate --counterfactual-commands`` export labels that
+    """Per plan record, its image when a ``wamdiff-train data generate --counterfactual-commands`` export labels that
     frame under several commands (some record of it is ``meta.counterfactual``), else None."""
     counterfactual = {r.image_path for r in records if r.meta.get("counterfactual")}
     return [r.image_path if r.image_path in counterfactual else None for r in records]
@@ -226,8 +225,8 @@ def frame_groups(frames: list) -> list[list[int]]:
 
 def command_response(predicted: list, references: list[np.ndarray], frames: list[str | None]) -> dict | None:
     """Whether plans follow the command: over the frames labelled under several commands (``frames``: the image
-    of a plan record from a ``wamdiff-data generate --counterfactual-commands`` export, None for the other records;
-    records of one frame differ only in the command and the answer), the median spread of the last waypoint's
+    of a plan record from a ``wamdiff-train data generate --counterfactual-commands`` export, None for the other
+    records; records of one frame differ only in the command and the answer), the median spread of the last waypoint's
     sideways offset across a frame's commands, the model's next to the references', and of the references that
     turn there (|y8| >= TURN_END_M) how many plans end at least TURN_END_M to that side. None without such
     frames. A model that ignores the command plans alike under every command: spread 0."""
@@ -256,8 +255,7 @@ def command_likelihood(subject: Subject, records: list[Record], samples: list[Sa
     under its own command's prompt minus the mean under the frame's other prompts, in nats (AR: next token after the
     clean prefix; diffusion: every answer block masked at once after the clean reference, as Stage I trains), and
     how many references their own prompt makes likeliest. ``samples``: the plan ``records`` encoded, in order. A
-    model blind to the command scores 0 and ties; greedy digits can hide a reader (training/README.md, "Does the
-    student read the command?"). None without such frames."""
+    model blind to the command scores 0 and ties; greedy digits can hide a reader. None without such frames."""
     groups = frame_groups(counterfactual_frames(records))
     if not groups:
         return None
@@ -466,7 +464,6 @@ def closed_loop(model: str, baselines: str, out: Path, args: argparse.Namespace,
             *(["--scenario-file", args.scenario_file] if args.scenario_file else []),
             *(["--threshold", str(decode.settings.threshold), "--block-size", str(decode.settings.block_size)]
               if decode is not None and not decode.ar else []),
-            *(["--x-order"] if decode is not None and decode.settings.x_order else []),
             *(["--no-progress"] if args.no_progress else [])]
     try:
         code = evaluate.main(argv)
@@ -588,8 +585,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None, help="decode block size of diffusion checkpoints "
                    "(default: min(32, trained))")
     p.add_argument("--steps", type=int, default=None, help="denoising steps per block at most (default 32)")
-    p.add_argument("--x-order", action="store_true",
-                   help="decode with the x ordering rule: waypoints may not step back (wamdiff-eval --x-order)")
     p.add_argument("--schedule", choices=SCHEDULES, default=None,
                    help=f"unmask schedule of diffusion checkpoints (default {DecodeSettings().schedule})")
     p.add_argument("--max-new-tokens", type=int, default=DecodeSettings().max_new_tokens)

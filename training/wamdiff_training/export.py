@@ -69,18 +69,16 @@ def stages_text(plan_path: str | None) -> str:
                 "this student -> Stage I progressive block adaptation B = 1 -> 4 -> 8 -> 16 -> 32 (both) -> Stage II "
                 "block-wise distillation (each model's B = 8 phase teaches its B = 32 phase, symmetric JSD) -> "
                 "Stage III cross-scale distillation from the teacher's B = 32 model into this student.")
-    from wamdiff_training.hierarchy import adapt_dagger_rounds, adapt_schedule, load_plan
+    from wamdiff_training.hierarchy import adapt_schedule, load_plan
 
     plan = load_plan(plan_path)
     s, t = plan.student, plan.teacher
     head = ", the B = 1 in-place head trained beside the next-token one" if plan.ar_in_place_weight > 0 else ""
     parts = [f"AR multi-task pretraining of a teacher ({_ar_text(plan, t)}) and of this student ({_ar_text(plan, s)})"
              f"{head}"]
-    if plan.extra_data:
-        parts[0] += f", on the world data plus {len(plan.extra_data)} earlier exports"
     if plan.recoveries is not None:
         r = plan.recoveries
-        parts[0] += (f", with {r.samples} lane recovery frames per scenario ({r.scenarios}; `wamdiff-data "
+        parts[0] += (f", with {r.samples} lane recovery frames per scenario ({r.scenarios}; `wamdiff-train data "
                      "recoveries`) in every run")
     lender = "teacher" if s.dagger_from else "student"
     borrower = " (the other model trains on its exports)" if (s.dagger_from or t.dagger_from) else ""
@@ -94,48 +92,21 @@ def stages_text(plan_path: str | None) -> str:
                  f"{'/'.join(str(n) for n in adapt_schedule(plan, s))} steps; the teacher: "
                  f"{'/'.join(str(n) for n in adapt_schedule(plan, t))})")
     if plan.adapt_dagger is not None:
-        a, rounds = plan.adapt_dagger, adapt_dagger_rounds(plan, lender)
-        other = "teacher" if lender == "student" else "student"
-        n = adapt_dagger_rounds(plan, other)
-        others = "" if n == rounds else f"; the {other}: {n} round{'s' if n > 1 else ''}"
-        parts.append(f"{rounds} DAgger round{'s' if rounds > 1 else ''} driven by the {lender}'s B = "
-                     f"{plan.curriculum[-1]} model ({a.steps} steps at that B{others})")
+        a = plan.adapt_dagger
+        parts.append(f"{a.rounds} DAgger round{'s' if a.rounds > 1 else ''} driven by the {lender}'s B = "
+                     f"{plan.curriculum[-1]} model ({a.steps} steps at that B)")
     parts.append(f"Stage II block-wise distillation ({plan.distill_steps} steps; each model's B = "
                  f"{plan.distill_teacher_block} phase teaches its B = {plan.curriculum[-1]} phase, symmetric JSD)")
     anchor = f", plus {plan.cross_scale_ce_weight:g} × cross-entropy to the ground truth" \
         if plan.cross_scale_ce_weight else ""
-    if plan.cross_scale_block_share:
-        anchor = (f", the target mixed with {plan.cross_scale_block_share:g} of the student's own B = "
-                  f"{plan.distill_teacher_block} model{anchor}")
     parts.append(f"Stage III cross-scale distillation from the teacher's B = {plan.curriculum[-1]} model into this "
                  f"student ({plan.cross_scale_steps} steps{anchor})")
-    if plan.polish is not None:
-        q, big = plan.polish, plan.curriculum[-1]
-        shares = sorted({q.share(r) for r in range(1, q.rounds + 1)})
-        driver = "the student alone" if shares == [0.0] else \
-            f"the student, the expert driving a share {'/'.join(f'{v:g}' for v in shares)} of the intervals"
-        recoveries = ["the recoveries"] if plan.recoveries is not None else []
-        data = " and ".join({"all": ["its data so far"], "world": ["the world export", *recoveries],
-                             "rounds": recoveries}[q.data]) or "nothing else"
-        start = "" if q.init is None else f", starting from `{q.init}`"
-        per = "per scenario" if q.scenarios is None else f"of {q.scenarios}"
-        parts.append(f"{q.rounds} on-policy round{'s' if q.rounds > 1 else ''}{start} (each {q.episodes} fresh "
-                     f"episodes {per} driven by {driver}, the expert labelling every frame; {q.steps} "
-                     f"steps at B = {big} on {data} plus the rounds' exports)")
-        if q.merge is not None:
-            m = q.merge
-            parts.append(f"a merge ({m.steps} steps of Stage III's loss at B = {big} from the student the polish "
-                         f"started from, its own teacher except on {', '.join(m.scenarios)}, where the last round's "
-                         f"model teaches, plus {m.ce_weight:g} × cross-entropy to the labels)")
-    reused = "" if plan.reuse is None else (f" The runs {', '.join(plan.reuse.runs)} were trained by the plan "
-                                            f"under `{plan.reuse.root}` and taken over (`reuse`).")
-    return f"- Stages (`wamdiff-train hierarchy --plan {plan_path}`): " + " -> ".join(parts) + "." + reused
+    return f"- Stages (`wamdiff-train hierarchy --plan {plan_path}`): " + " -> ".join(parts) + "."
 
 
 def _ar_text(plan, model) -> str:
     steps = model.ar_steps if model.ar_steps is not None else plan.ar_steps
-    text = f"hidden {model.hidden}, {model.layers} layers; {steps} steps"
-    return text if model.init is None else f"{text} continuing `{model.init}`"
+    return f"hidden {model.hidden}, {model.layers} layers; {steps} steps"
 
 
 def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str | None = None) -> str:
@@ -170,7 +141,7 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str
         "## Data",
     ]
     if manifest:
-        lines.append(f"- Exported by `wamdiff-data generate` from the frozen scenario set v"
+        lines.append(f"- Exported by `wamdiff-train data generate` from the frozen scenario set v"
                      f"{manifest.get('scenario_set', {}).get('version', '?')} (highway overtaking, on-ramp merge, "
                      "roundabout with a commanded exit, unsignalised intersection), training seeds from "
                      f"{manifest.get('split_seed_base', {}).get('train', 0)}; the privileged expert's plans, with "
@@ -192,8 +163,7 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str
         "- A plan request every 0.2-0.5 s; each plan is 8 waypoints, one every 0.5 s, in the ego frame. The "
         "closed-loop figures below used 2 Hz, each plan followed as it comes. At 5 Hz (`wamdiff-eval`'s default, "
         "the CARLA agent's rate) it drives as well, blended (the follower's `highway_env` gains, "
-        "`plan_blend_tau_s`) or not; blended, fewer of its routes run out of time (training/README.md, \"Plan rate "
-        "and plan blending\").",
+        "`plan_blend_tau_s`) or not; blended, fewer of its routes run out of time.",
         "",
         "## Measured",
     ]
@@ -226,7 +196,7 @@ def _metrics(results: Path | None) -> list[str]:
     if results is None or not results.is_dir():
         return ["- No results logged yet: run `make results-eval`."]
     try:
-        from wamdiff_training.results import card_metrics
+        from wamdiff_training.render import card_metrics
     except ImportError:
         return ["- See training/RESULTS.md."]
     return card_metrics(results)
@@ -260,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="wamdiff-train export", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", default=None,
                    help="a checkpoint folder or a run's out.dir (its latest); default: --plan's final student "
-                        "(its last polish round, else student/cross_scale)")
+                        "(student/cross_scale)")
     p.add_argument("--out", required=True, help="the model folder to (re)write")
     p.add_argument("--results", default="training/results", help="logged results for the card's metrics")
     p.add_argument("--name", default="wamdiff-tiny")

@@ -40,7 +40,6 @@ class Contender:
     mode: str
     settings: DecodeSettings
     constrained: bool = False
-    x_order: bool = False  # with constrained: the x ordering rule too
     module_layers: bool = False  # the engine runs the transformers modules' layers (the reference arithmetic)
     unstacked: bool = False  # the lean loop with every projection its own matmul
 
@@ -59,9 +58,6 @@ def contenders(new_tokens: int, static_steps: int) -> list[Contender]:
             block_size=b, steps=b, schedule="threshold", max_new_tokens=new_tokens)))
     out.append(Contender("block32-constrained", "block", DecodeSettings(
         block_size=32, steps=static_steps, schedule="static", max_new_tokens=new_tokens), constrained=True))
-    out.append(Contender("block32-x-order", "block", DecodeSettings(
-        block_size=32, steps=static_steps, schedule="static", max_new_tokens=new_tokens, x_order=True),
-        constrained=True, x_order=True))
     out.append(Contender("block32-modules", "block", DecodeSettings(
         block_size=32, steps=static_steps, schedule="static", max_new_tokens=new_tokens), module_layers=True))
     out.append(Contender("block32-unstacked", "block", DecodeSettings(
@@ -74,15 +70,15 @@ def run(model: str, new_tokens: int, runs: int, static_steps: int, device: str, 
     image = np.random.default_rng(seed).integers(0, 256, (256, 512, 3), dtype=np.uint8)
     prompt = encode_prompt(bundle, fmt.plan_prompt(fmt.Command.FOLLOW, (8.0, 0.0), (0.0, 0.0)), image)
     vocab = bundle.model.get_output_embeddings().weight.shape[0]
-    constraints = {x_order: WaypointConstraint(bundle.tokenizer, bundle.eos_token_id, new_tokens, vocab,
-                                               bundle.meta.format_version, x_order) for x_order in (False, True)}
+    constraint = WaypointConstraint(bundle.tokenizer, bundle.eos_token_id, new_tokens, vocab,
+                                    bundle.meta.format_version)
     entries = contenders(new_tokens, static_steps)
     times: dict[str, list[float]] = {c.name: [] for c in entries}
     calls: dict[str, int] = {}
     for round_ in tqdm(range(runs + 1), desc="decode bench", unit="round", file=sys.stderr):
         for c in entries:
             with c.context():
-                g = generate(bundle, prompt, c.settings, constraints[c.x_order] if c.constrained else None, mode=c.mode,
+                g = generate(bundle, prompt, c.settings, constraint if c.constrained else None, mode=c.mode,
                              ignore_eos=True)
             if g.result.new_tokens != new_tokens:
                 raise RuntimeError(f"{c.name} produced {g.result.new_tokens} tokens, expected {new_tokens}")
@@ -99,7 +95,6 @@ def run(model: str, new_tokens: int, runs: int, static_steps: int, device: str, 
             "ratio_to_ar": _paired_ratio(times["ar"], times[c.name]),
         }
     cost = 1.0 - _paired_ratio(times["block32"], times["block32-constrained"])
-    x_order_cost = 1.0 - _paired_ratio(times["block32-constrained"], times["block32-x-order"])
     lean_speedup = _paired_ratio(times["block32-modules"], times["block32"])
     stacking_speedup = _paired_ratio(times["block32-unstacked"], times["block32"])
     return {
@@ -119,8 +114,6 @@ def run(model: str, new_tokens: int, runs: int, static_steps: int, device: str, 
             "unconstrained_tokens_per_s": stats["block32"]["tokens_per_s"],
             "constrained_tokens_per_s": stats["block32-constrained"]["tokens_per_s"],
             "cost": cost,
-            "x_order_tokens_per_s": stats["block32-x-order"]["tokens_per_s"],
-            "x_order_cost": x_order_cost,
         },
         "layers": {
             "modules_tokens_per_s": stats["block32-modules"]["tokens_per_s"],
@@ -155,8 +148,6 @@ def table(result: dict) -> str:
     c = result["constraint"]
     lines.append(f"vocabulary constraint (B=32 static): {c['unconstrained_tokens_per_s']:.1f} -> "
                  f"{c['constrained_tokens_per_s']:.1f} tokens/s (medians); paired cost {100 * c['cost']:.1f} %")
-    lines.append(f"  with the x ordering rule too: {c['constrained_tokens_per_s']:.1f} -> "
-                 f"{c['x_order_tokens_per_s']:.1f} tokens/s (medians); paired cost {100 * c['x_order_cost']:.1f} %")
     layers = result["layers"]
     lines.append(f"engine layer loop (B=32 static): transformers modules {layers['modules_tokens_per_s']:.1f} -> lean "
                  f"{layers['lean_tokens_per_s']:.1f} tokens/s (medians); paired speed-up {layers['speedup']:.2f}x")

@@ -21,8 +21,8 @@ import numpy as np
 from PIL import Image
 
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
-from wamdiff_ros.world.types import (
-    LINE_DASHED, LINE_NONE, LINE_SOLID, LaneStrip, Pose2D, RoadGeometry, VehicleBox)
+from wamdiff_ros.geometry import Pose2D
+from wamdiff_ros.world.types import LINE_DASHED, LINE_NONE, LINE_SOLID, LaneStrip, RoadGeometry, VehicleBox
 
 DT_S = 0.05
 LANE_W = 4.0

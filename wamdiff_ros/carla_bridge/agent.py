@@ -5,9 +5,9 @@ run; so this module is stdlib + numpy, Python 3.7 syntax, and imports no torch (
 Each step it turns the sensors into the planner's inputs (RGB image, ego state, pose, navigation command from the
 route), asks the server -- a ``PLAN`` every ``plan_every_n_steps`` steps, a ``CONTROL`` (follower only) between --
 and returns the server's control as a ``carla.VehicleControl``. No answer within ``timeout_s``, or an error: full
-brake, counted. Frames: ``wamdiff_ros.carla_bridge.frames``. When the server's model wants route points (its
-``RESET`` reply says ``route_points``), each plan request also carries the dense route from ``route_behind_m`` behind
-the ego to ``route_ahead_m`` ahead of it along the route (``route_xy``, ego frame, at most ``route_max_points``).
+brake, counted. Frames: ``wamdiff_ros.carla_bridge.frames``. Each plan request also carries the dense route from
+``route_behind_m`` behind the ego to ``route_ahead_m`` ahead of it along the route (``route_xy``, ego frame, at most
+``route_max_points``); the server's planner decides whether its model uses it.
 
 Leaderboard use: ``--agent=<repo>/wamdiff_ros/carla_bridge/agent.py --agent-config=<repo>/config/bench2drive_agent.yaml``
 (the leaderboard imports this file by path; the repository root is put on ``sys.path`` when needed). Bench2Drive
@@ -282,7 +282,6 @@ class WamDiffAgent(AutonomousAgent):
         self._plan_due = True
         self._last_plan_step = None  # type: Optional[int]
         self._needs_reset = True
-        self.send_route = False  # the server's model wants route points (its RESET reply says so)
         self._warned = set()  # type: set
         if not hasattr(self, "_route_gps"):
             self._route_gps, self._route_world = [], []  # type: list, list
@@ -383,14 +382,13 @@ class WamDiffAgent(AutonomousAgent):
     def _ask(self, rgb: np.ndarray, ego: Dict[str, Any], command: str) -> Tuple[Any, str, Optional[float]]:
         cfg = self.config
         if self._needs_reset:
-            reset = self.client.reset("new route" if self._route is not None else "new episode")
-            self.send_route = bool(reset.get("route_points", False))
+            self.client.reset("new route" if self._route is not None else "new episode")
             self._needs_reset = False
         due = self._plan_due or self._last_plan_step is None or self.step - self._last_plan_step >= cfg.plan_every_n_steps
         started = time.perf_counter()
         if due:
             self._plan_due = True  # until a plan reply arrives
-            route_xy = self.route_xy(ego["pose"]) if self.send_route else None
+            route_xy = self.route_xy(ego["pose"])
             reply = self.client.plan(rgb.tobytes(), rgb.shape[0], rgb.shape[1], ego, command, cfg.image_encoding,
                                      route_xy=route_xy)
             self._plan_due, self._last_plan_step = False, self.step

@@ -22,8 +22,7 @@ frame right-handed as in ``wamdiff_ros.world.types``):
 - ``CONTROL``: ``ego`` only; the server's follower steps on the connection's last plan. Reply ``CONTROL_REPLY``:
   ``control``, ``plan_age_s``.
 - ``RESET``: a new route / episode (``reason``); the connection's follower and plan are reset. Reply ``RESET_REPLY``:
-  ``reset`` (true), ``route_points`` (whether the model wants route points: then send ``route_xy`` with each plan;
-  absent from older servers = false).
+  ``reset`` (true).
 - ``STATUS``: reply ``STATUS_REPLY`` with the diagnostics ``values`` (the planner node's counter names).
 - ``ERROR`` (reply only): ``code`` (see ``ErrorCode``), ``message``, optional ``field``.
 

@@ -7,17 +7,16 @@ without work, only the newest is planned. Each connection has its own waypoint f
 plan reply carries the control for the request's ego state, and ``CONTROL`` requests step the follower on the last
 plan between plans. The follower is reset by a ``RESET`` message (new route / episode) or a jump in sim time.
 
-A model that wants route points (``Planner.wants_route_points``) says so in the ``RESET`` reply (``route_points``);
-the agent then sends the route near the ego (``route_xy``, ego frame) with each plan request, and the server plans
-with ``route_points_ahead(route_xy, (0, 0), 0)``. A route that yields no points is counted as a bad input (the plan
-goes ahead without them); a model that does not want them is called exactly as before route points existed.
+The agent sends the route near the ego (``route_xy``, ego frame) with each plan request when it has one, and the
+server plans with ``route=route_points_ahead(route_xy, (0, 0), 0)``; the Planner decides whether its model's prompt
+takes them. A route that yields no points is counted as a bad input (the plan goes ahead without them).
 
 Diagnostics (``STATUS``) use the planner node's counter names (``wamdiff_ros.ros.cycle.Counters``) with the same
 meaning: ``frames`` plan requests received, ``planned``, ``dropped`` requests superseded by a newer one before the
 planner took them, ``late`` requests past their deadline (``skipped.timeout``: not planned at all), ``fallback``
 invalid plans (the follower brakes), ``bad_input`` bad frames, messages or planner inputs, ``errors`` model errors,
-``resets`` follower resets; ``inference_p50_ms`` / ``inference_p99_ms`` / ``last_inference_ms``; ``route_points``
-whether the model wants them, ``route_used`` plans made with them.
+``resets`` follower resets; ``inference_p50_ms`` / ``inference_p99_ms`` / ``last_inference_ms``; ``route_used``
+plans requested with route points.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ from wamdiff_ros.control import CarlaActuator, FollowerGains, HighwayEnvActuator
 from wamdiff_ros.errors import FieldError, InputError, RouteError, WamDiffError
 from wamdiff_ros.ros.cycle import Counters, LatencyWindow
 from wamdiff_ros.route_points import route_points_ahead
-from wamdiff_ros.world.types import Pose2D
+from wamdiff_ros.geometry import Pose2D
 
 WORLDS = ("carla", "highway_env")
 _POLL_S = 0.2  # how often blocked threads look at the stop flag
@@ -116,8 +115,8 @@ class _PlanJob:
 
 class PlannerServer:
     def __init__(self, planner, config: ServeConfig = ServeConfig(), model_name: str = "") -> None:
-        """``planner``: anything with ``plan(image, EgoState, command) -> Plan`` (a ``wamdiff_ros.planner.Planner``);
-        one whose ``wants_route_points`` is true also gets ``route=`` (the route points, or None)."""
+        """``planner``: anything with ``plan(image, EgoState, command, route=None) -> Plan`` (a
+        ``wamdiff_ros.planner.Planner``); ``route``: the route points, or None."""
         from wamdiff_ros.planner import EgoState  # torch, only where a model runs
 
         self._ego_state = EgoState
@@ -127,7 +126,7 @@ class PlannerServer:
         self.dropped = 0
         self.controls = 0
         self.connections = 0
-        self.route_used = 0  # plans made with route points
+        self.route_used = 0  # plans requested with route points
         self.inference = LatencyWindow()
         self.last_inference_s = math.nan
         self.address = ""
@@ -195,7 +194,6 @@ class PlannerServer:
             values["controls"] = self.controls
             values["connections"] = self.connections
             values["route_used"] = self.route_used
-        values["route_points"] = self.wants_route_points
         for q in (50, 99):
             p = self.inference.percentile(q)
             values[f"inference_p{q}_ms"] = round(1e3 * p, 3) if math.isfinite(p) else None
@@ -204,11 +202,6 @@ class PlannerServer:
         values["model"] = self.model_name
         values["world"] = self.config.world
         return values
-
-    @property
-    def wants_route_points(self) -> bool:
-        """Whether the planner's model wants route points (a planner without the property does not)."""
-        return bool(getattr(self.planner, "wants_route_points", False))
 
     def _count(self, **increments: int) -> None:
         with self._stats:
@@ -271,7 +264,7 @@ class PlannerServer:
                     session.reset()
                     self._count(resets=1)
                     self._reply(sock, MessageType.RESET_REPLY, frame.request_id,
-                                {"reset": True, "route_points": self.wants_route_points})
+                                {"reset": True})
                 elif frame.msg_type == MessageType.STATUS:
                     self._reply(sock, MessageType.STATUS_REPLY, frame.request_id, {"values": self.status_values()})
                 else:
@@ -338,15 +331,11 @@ class PlannerServer:
             self._reply_error(sock, rid, ErrorCode.TIMEOUT,
                               f"waited {waited:.3f} s for the planner, past the request's deadline {deadline:.3f} s")
             return
-        wants_route = self.wants_route_points
-        route = self._route_points(job) if wants_route else None
+        route = self._route_points(job)
         t0 = time.perf_counter()
         try:
             ego_state = self._ego_state(tuple(ego["velocity"]), tuple(ego["acceleration"]))
-            if wants_route:
-                plan = self.planner.plan(job.image, ego_state, job.command, route=route)
-            else:  # the paper's prompt, exactly as before route points existed
-                plan = self.planner.plan(job.image, ego_state, job.command)
+            plan = self.planner.plan(job.image, ego_state, job.command, route=route)
         except InputError as exc:
             self._count(bad_input=1)
             self._set_error(str(exc))

@@ -11,7 +11,7 @@ the next blend.
 The price is reaction time: a plan that suddenly brakes is followed at the blend's speed, which reaches the new
 plan's only as the earlier plans fade (at 5 Hz and tau 0.5 s the eight kept plans weigh ~2 together, the new one 1).
 Pulling blended waypoints back to the newest plan's distance from the ego, so that a stop passes unblended, drove
-worse on the validation episodes (45.0 against 54.3, training/README.md, "Plan rate and plan blending"): it makes
+worse on the validation episodes (45.0 against 54.3; docs/experiments.md, plan blending): it makes
 every blend at most as fast as the slowest recent plan.
 """
 

@@ -12,7 +12,7 @@ import numpy as np
 from wamdiff_ros import format as fmt
 from wamdiff_ros.control.blend import PlanBlender
 from wamdiff_ros.control.gains import FollowerGains
-from wamdiff_ros.world.types import Pose2D
+from wamdiff_ros.geometry import Pose2D
 
 if TYPE_CHECKING:
     from wamdiff_ros.planner import Plan

@@ -23,20 +23,16 @@ def decode_ar(
     confidence: list[float] = []
     calls_before = engine.forward_calls
     state = constraint.start_state if constraint else 0
-    chars = [] if constraint is not None and constraint.order is not None else None  # for the x ordering rule
     logits = first_logits
     for i in range(max_new_tokens):
         if constraint is not None:
-            view_chars = None if chars is None else chars + [None]
-            p, token, _ = (x[0] for x in constraint.fresh_view(state, 1, i).decide(logits[None], view_chars))
+            p, token, _ = (x[0] for x in constraint.fresh_view(state, 1, i).decide(logits[None]))
         else:
             p, token = torch.softmax(logits.float(), dim=-1).max(-1)
         tokens.append(int(token))
         confidence.append(float(p))
         if constraint is not None:
             state = constraint.advance(state, [tokens[-1]])
-            if chars is not None:
-                chars += constraint.chars_of([tokens[-1]])
         if (tokens[-1] == eos_id and not ignore_eos) or i == max_new_tokens - 1:
             break
         logits = engine.forward(token.view(1), commit=True)[0]

@@ -1,8 +1,8 @@
 """Block-diffusion decoding with in-place prediction over a cached prefix.
 
 Per block: B [MASK] tokens; each step forwards the block against the prefix (bidirectional inside the block)
-without committing it, predicts every position in place and fixes some masked positions (threshold, static or
-prefix schedule: ``unmask.py``); the block is done when no mask is left or after T steps (leftovers take their
+without committing it, predicts every position in place and fixes some masked positions (threshold or static
+schedule: ``unmask.py``); the block is done when no mask is left or after T steps (leftovers take their
 last prediction). The clean block's K/V are then committed, fused into the next block's first step (one forward,
 exact: the clean tokens do not see the new block). Decoding stops after the block holding EOS; nothing is committed
 after the last block, so a block costs exactly the steps it ran.
@@ -73,12 +73,11 @@ def decode_blocks(
     steps_per_block: list[int] = []
     calls_before = backend.forward_calls
     state = constraint.start_state if constraint else 0
-    prefix = [] if constraint is not None and constraint.order is not None else None  # the x rule's characters
     pending: torch.Tensor | None = None  # the finished block, committed by the next block's first forward
     while len(tokens) < settings.max_new_tokens:
         n = min(settings.block_size, settings.max_new_tokens - len(tokens))
         block, conf, steps = _denoise_block(
-            backend, settings, n, mask_id, constraint, state, len(tokens), on_step, pending, prefix
+            backend, settings, n, mask_id, constraint, state, len(tokens), on_step, pending
         )
         steps_per_block.append(steps)
         new = block.tolist()
@@ -89,8 +88,6 @@ def decode_blocks(
             cut = new.index(eos_id) + 1
             new, conf = new[:cut], conf[:cut]
         tokens += new
-        if prefix is not None:
-            prefix += constraint.chars_of(new)
         confidence += conf.tolist()
         if done or len(tokens) >= settings.max_new_tokens:
             break
@@ -98,29 +95,26 @@ def decode_blocks(
     return DecodeResult(tokens, confidence, backend.forward_calls - calls_before, steps_per_block)
 
 
-def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_step, pending, prefix=None):
-    """``prefix``: the answer's characters before the block, for the x ordering rule (None: rule off)."""
+def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_step, pending):
     block = torch.full((n,), mask_id, dtype=torch.long, device=backend.device)
     masked = torch.ones(n, dtype=torch.bool, device=block.device)
     conf = torch.zeros(n, dtype=torch.float32, device=block.device)
     no_mask = torch.tensor([mask_id], device=block.device)
     step = 0
     prediction = block
-    view = after = chars = None  # grammar views before / after this step's fixes; the answer's characters
+    view = after = None  # grammar views before / after this step's fixes
     while step < settings.steps:
         logits = backend.step(block) if pending is None or step else backend.commit_and_step(pending, block)
         raw = logits
         if constraint is not None:  # the grammar never allows [MASK]
             view = constraint.fresh_view(state, n, offset) if after is None else after
-            if prefix is not None:
-                chars = prefix + constraint.chars_of(block.tolist(), masked.tolist())
-            p, prediction, grammar_logits = view.decide(logits, chars)
+            p, prediction, grammar_logits = view.decide(logits)
         else:
             logits = logits.index_fill(-1, no_mask, float("-inf"))  # [MASK] is never an answer
             p, prediction = torch.softmax(logits.float(), dim=-1).max(-1)
         select = unmask_step(settings.schedule, p, masked, settings.threshold, step, settings.steps)
         if view is not None:
-            select, after = view.choose(select, chars)
+            select, after = view.choose(select)
         block = torch.where(select, prediction, block)
         conf = torch.where(select, p, conf)
         masked = masked & ~select
@@ -133,9 +127,7 @@ def _denoise_block(backend, settings, n, mask_id, constraint, state, offset, on_
         if view is None:
             block, conf = torch.where(masked, prediction, block), torch.where(masked, p, conf)
         else:
-            if prefix is not None:
-                chars = prefix + constraint.chars_of(block.tolist(), masked.tolist())
-            filled, filled_conf = after.fill(block, grammar_logits, chars)
+            filled, filled_conf = after.fill(block, grammar_logits)
             block, conf = filled, torch.where(masked, filled_conf, conf)
     return block, conf, step
 

@@ -21,10 +21,8 @@ import numpy as np
 import torch
 
 from wamdiff_ros import format as fmt
-from wamdiff_ros.decoding.xorder import XOrder
 from wamdiff_ros.errors import DecodeSettingsError
 
-_XCHARS = "0123456789-"  # the characters the x ordering rule decides among
 _GRAMMAR_CHARS = frozenset("0123456789.,-" + fmt.LATERAL_BINS)
 _MASKED = -1
 _FORBIDDEN = -2
@@ -59,11 +57,9 @@ def _preimage(states: int, groups: Groups) -> int:
 
 class WaypointConstraint:
     def __init__(self, tokenizer, eos_id: int, max_new_tokens: int, vocab_size: int | None = None,
-                 format_version: int = fmt.FORMAT_VERSION, x_order: bool = False) -> None:
+                 format_version: int = fmt.FORMAT_VERSION) -> None:
         """``vocab_size``: the model's logit count (embedding rows may exceed the tokenizer's length);
-        ``format_version``: the waypoint width the checkpoint writes (``DecodeMeta.format_version``);
-        ``x_order``: also keep the waypoints' x from stepping back (``xorder.py``), where the format and the
-        tokenizer allow it (``self.order`` is None where they do not)."""
+        ``format_version``: the waypoint width the checkpoint writes (``DecodeMeta.format_version``)."""
         vocab_size = vocab_size or len(tokenizer)
         self.format_version = fmt.check_format_version(format_version)
         n_char = fmt.WAYPOINT_GRAMMAR_STATES
@@ -123,44 +119,6 @@ class WaypointConstraint:
         self._sig_memo: dict[tuple[int, int], int] = {}
         self._fresh: dict[tuple[int, int, int], BlockView] = {}
         self._free_row = self._row_for(frozenset(range(len(self.signatures))))  # fixed positions: unused
-        # The x ordering rule works on answer characters: it needs fixed-width numbers and answer tokens of one
-        # character each, so that a token's position is its character's.
-        texts = [tokenizer.decode([int(t)]) if int(t) != eos_id else "" for t in self.grammar_ids]
-        single = all(len(t) == 1 for t, i in zip(texts, self.grammar_ids) if int(i) != eos_id)
-        self.order = XOrder() if x_order and single and self.format_version >= 2 else None
-        self._char_of = {int(i): t for i, t in zip(self.grammar_ids, texts) if len(t) == 1}
-        self._char_cols = {ch: np.flatnonzero(np.array([t == ch for t in texts])) for ch in _XCHARS}
-        self._order_rows: dict[frozenset, np.ndarray] = {}
-
-    def chars_of(self, tokens: list[int], masked: list[bool] | None = None) -> list[str | None]:
-        """The answer characters of ``tokens`` for the x ordering rule (None where masked or not one character)."""
-        get = self._char_of.get
-        if masked is None:
-            return [get(t) for t in tokens]
-        return [None if m else get(t) for t, m in zip(tokens, masked)]
-
-    def order_row(self, allowed: frozenset) -> np.ndarray:
-        """Additive penalty over the grammar tokens: -inf on the x characters (digits, '-') not in ``allowed``."""
-        row = self._order_rows.get(allowed)
-        if row is None:
-            row = np.zeros(len(self.grammar_ids), dtype=np.float32)
-            for ch, cols in self._char_cols.items():
-                if ch not in allowed:
-                    row[cols] = -np.inf
-            self._order_rows[allowed] = row
-        return row
-
-    def order_penalty(self, chars: list[str | None], offset: int, n: int) -> np.ndarray | None:
-        """(n, K) additive penalty for a block of ``n`` positions starting at answer position ``offset``
-        (``chars``: the answer's characters so far with the block's, None where masked); None when the rule
-        narrows nothing."""
-        places = self.order.masked_places(chars, offset, offset + n)
-        if not places:
-            return None
-        out = np.zeros((n, len(self.grammar_ids)), dtype=np.float32)
-        for position, allowed in places.items():
-            out[position - offset] = self.order_row(allowed)
-        return out
 
     @property
     def start_state(self) -> int:
@@ -238,14 +196,10 @@ class BlockView:
     def feasible(self) -> bool:
         return bool(self.fwd[-1] & self.bwd[-1])
 
-    def decide(self, logits: torch.Tensor, chars: list[str | None] | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    def decide(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """Greedy token and its probability per position under the grammar: the softmax over the tokens some
         completion allows (masked positions; fixed ones get the best grammar token, unused); plus the constrained
-        grammar-token logits (n, K) for ``fill``. Works on the K grammar columns on the host (tiny arrays).
-
-        ``chars``: the answer's characters before and in this block, None where masked (``chars_of``); given, the
-        x ordering rule narrows the masked x places too (where it leaves a position no token, it stands aside)."""
+        grammar-token logits (n, K) for ``fill``. Works on the K grammar columns on the host (tiny arrays)."""
         c = self.c
         if self._penalty is None:
             fwd, bwd, free = self.fwd, self.bwd, c._free_row
@@ -253,65 +207,22 @@ class BlockView:
                     for j, code in enumerate(self.codes)]
             self._penalty = c._rows[rows]
         sub = logits.index_select(-1, c._grammar_ids.to(logits.device)).float().cpu().numpy() + self._penalty
-        if chars is not None and c.order is not None:
-            extra = c.order_penalty(chars, self.offset, len(self.codes))
-            if extra is not None:
-                both = sub + extra
-                sub = np.where(np.isfinite(both.max(1))[:, None], both, sub)
         best = sub.argmax(1)
         top = sub[np.arange(len(best)), best]
         p = 1.0 / np.exp(sub - top[:, None]).sum(1)
         self._best_sig = c._grammar_sig[best].tolist()
-        self._sub = sub  # kept with the prediction for the x ordering rule's fallback (``_vet_order``)
         prediction = torch.from_numpy(c.grammar_ids[best]).to(logits.device)
-        self._prediction = prediction
         return torch.from_numpy(p.astype(np.float32)).to(logits.device), prediction, sub
 
-    def _vet_order(self, picks: list[bool], chars: list[str | None]) -> list[bool]:
-        """The x ordering rule's joint check: left to right, a pick at an x place is kept when every x stays
-        completable with the earlier kept picks fixed. Each pick was allowed on its own, but two digits of one
-        number (or of neighbours) fixed in one step may not fit together.
-
-        Keeps at least one pick. When it refuses them all (every pick an x place, each allowed alone by ranges that
-        are looser than the numbers' digits), the leftmost is kept with its best token that the rule accepts: the
-        token in ``decide``'s prediction (and its signature) is replaced in place."""
-        c = self.c
-        order, work, kept, char_of = c.order, list(chars), list(picks), c._char_of
-        predicted = self._prediction.tolist()
-        standing = order.consistent(work)  # False: the rule has stood aside for this block
-        for j, pick in enumerate(picks):
-            if not pick:
-                continue
-            position, ch = self.offset + j, char_of.get(predicted[j])
-            old, work[position] = work[position], ch
-            if standing and ch is not None and order.place(position) is not None and not order.consistent(work):
-                work[position], kept[j] = old, False
-        if any(picks) and not any(kept):
-            j = picks.index(True)
-            kept[j] = True
-            scores = self._sub[j]
-            for col in np.argsort(-scores, kind="stable"):
-                if not np.isfinite(scores[col]):
-                    break
-                token = int(c.grammar_ids[col])
-                ch = char_of.get(token)
-                if ch is not None and order.accepts(work, self.offset + j, ch):
-                    self._prediction[j], self._best_sig[j] = token, int(c._grammar_sig[col])
-                    break
-        return kept
-
-    def choose(self, select: torch.Tensor, chars: list[str | None] | None = None) -> tuple[torch.Tensor, BlockView]:
+    def choose(self, select: torch.Tensor) -> tuple[torch.Tensor, BlockView]:
         """Shrink ``select`` (positions to fix with the tokens ``decide`` predicted, each allowed on its own) to a
         jointly feasible set; returns it and the view of the block after those fixes.
 
         One left-to-right pass: a candidate is kept when the states so far (earlier kept candidates fixed) can take
         it and still reach the backward set, which treats later candidates as masked; so the kept set is feasible
-        and the leftmost candidate is always kept. With ``chars`` (as for ``decide``) the x ordering rule's joint
-        check (``_vet_order``) runs first.
+        and the leftmost candidate is always kept.
         """
         picks = select.tolist()
-        if chars is not None and self.c.order is not None:
-            picks = self._vet_order(picks, chars)
         sigs = self._best_sig
         kept = list(picks)
         image, bwd = self.c.image_fns, self.bwd
@@ -330,33 +241,22 @@ class BlockView:
         after = BlockView(self.c, self.states, codes, self.offset, fwd)
         return torch.tensor(kept, dtype=torch.bool, device=select.device), after
 
-    def fill(self, block: torch.Tensor, grammar_logits: np.ndarray, chars: list[str | None] | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def fill(self, block: torch.Tensor, grammar_logits: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Fix every masked position left to right with its best allowed token under ``grammar_logits`` (an
-        earlier ``decide``'s, no model call; with ``chars`` as for ``decide``, under the x ordering rule too).
-        Returns the block and each filled token's probability under the constrained distribution (0 elsewhere)."""
+        earlier ``decide``'s, no model call). Returns the block and each filled token's probability under the
+        constrained distribution (0 elsewhere)."""
         scores_all = grammar_logits
         filled = block.cpu().numpy().copy()
         conf = np.zeros(len(self.codes), dtype=np.float32)
         image, bwd, c = self.c.image_fns, self.bwd, self.c
-        order = c.order if chars is not None else None
-        work = list(chars) if order is not None else None
         cur = self.states
         for j, code in enumerate(self.codes):
             if code == _MASKED:
                 row = c.allowed_row(cur & bwd[j], bwd[j + 1])  # may grow c._rows: look it up after
                 scores = scores_all[j] + c._rows[row]
-                place = order.place(self.offset + j) if order is not None else None
-                if place is not None:
-                    allowed = order.allowed(work, place[0])
-                    if allowed is not None and allowed[place[1]] is not None:
-                        narrowed = scores + c.order_row(allowed[place[1]])
-                        scores = narrowed if np.isfinite(narrowed.max()) else scores
                 best = int(scores.argmax())
                 conf[j] = 1.0 / np.exp(scores - scores[best]).sum()  # softmax over the allowed tokens
                 filled[j] = c.grammar_ids[best]
                 code = int(c._grammar_sig[best])
-                if work is not None:
-                    work[self.offset + j] = c._char_of.get(int(filled[j]))
             cur = image[code + 2](cur)
         return torch.from_numpy(filled).to(block.device), torch.from_numpy(conf).to(block.device)

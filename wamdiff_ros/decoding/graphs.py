@@ -10,7 +10,7 @@ in place, so a whole answer is N replays with no host work in between.
 
 Same decisions as ``block.decode_blocks`` / ``ar.decode_ar`` (unconstrained): the static schedule's top-k is taken
 as "fewer than k masked positions rank above" (ties: lower index first), the threshold rule is ``unmask.py``'s
-effective-threshold rule, the prefix rule ``unmask.unmask_prefix``. Shapes that were not captured (a short last
+effective-threshold rule. Shapes that were not captured (a short last
 block), and everything on a machine without CUDA, run the very same step functions eagerly.
 """
 
@@ -22,7 +22,7 @@ import torch
 
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
-from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step, unmask_prefix
+from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step
 
 WARMUP_RUNS = 2  # eager runs on a side stream before capture: lazy initialisation stays out of the graph
 
@@ -136,8 +136,6 @@ class GraphRunner:
             idx = self._index[:n]
             ahead = (conf[None, :] > conf[:, None]) | ((conf[None, :] == conf[:, None]) & (idx[None, :] < idx[:, None]))
             select = masked & (ahead.sum(-1) < self._k.index_select(0, self._step_index))
-        elif schedule == "prefix":
-            select = unmask_prefix(conf, masked, self._threshold)
         else:
             select = masked & (conf >= torch.minimum(conf.max(), self._threshold))
         block.copy_(torch.where(select, pred, block))

@@ -12,11 +12,10 @@ from wamdiff_ros.errors import DecodeSettingsError
 class DecodeSettings:
     block_size: int = 32  # B; 1 with a next-token checkpoint means autoregressive decoding
     steps: int = 32  # T: denoising steps per block, at most
-    threshold: float = 0.7  # the shipped student's: ~0.35 forward calls per token (0.355; training/RESULTS.md (a))
-    schedule: str = "threshold"  # "static": ceil(B / T) tokens per step; "prefix": the threshold rule in reading order
+    threshold: float = 0.7  # the shipped student's: ~0.35 forward calls per token (training/RESULTS.md (a))
+    schedule: str = "threshold"  # "static": ceil(B / T) tokens per step (the like-for-like benchmark)
     max_new_tokens: int = 128
     constrain: bool = True  # the planning grammar constraint (plan task only)
-    x_order: bool = False  # with constrain: waypoints may not step back (decoding/xorder.py; off: training/README "v17")
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

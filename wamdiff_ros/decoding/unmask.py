@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-SCHEDULES = ("threshold", "static", "prefix")
+SCHEDULES = ("threshold", "static")
 
 
 def unmask_confident(confidence: torch.Tensor, masked: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -15,21 +15,6 @@ def unmask_confident(confidence: torch.Tensor, masked: torch.Tensor, threshold: 
     conf = confidence.masked_fill(~masked, -1.0)
     effective = torch.minimum(conf.max(), torch.tensor(threshold, dtype=conf.dtype, device=conf.device))
     return masked & (conf >= effective)
-
-
-def unmask_prefix(confidence: torch.Tensor, masked: torch.Tensor, threshold: float | torch.Tensor) -> torch.Tensor:
-    """Fix the first masked position and, after it, every masked position up to the first one below ``threshold``
-    (fixed positions do not break the run): the threshold rule, but in reading order.
-
-    Why: with confidence order a block of plan digits fixes its most confident tokens first, and those are the
-    digits of the commonest answer (a straight road's zeros), so the turning digits are then decoded to agree with
-    them; in reading order each number conditions on the ones before it, as in the AR model. Vectorised (a
-    cumulative product over "may the run go on here"): no host sync, no loop.
-    """
-    index = torch.arange(masked.shape[0], device=masked.device)
-    first = torch.where(masked, index, masked.shape[0]).min()
-    go_on = (confidence >= threshold) | ~masked | (index == first)
-    return masked & (torch.cumprod(go_on.to(torch.int32), 0) > 0)
 
 
 def tokens_per_step(block_len: int, steps: int) -> list[int]:
@@ -61,6 +46,4 @@ def unmask_step(schedule: str, confidence: torch.Tensor, masked: torch.Tensor, t
     schedule's count per step): the one dispatch the eager decoder and the training rollouts share."""
     if schedule == "threshold":
         return unmask_confident(confidence, masked, threshold)
-    if schedule == "prefix":
-        return unmask_prefix(confidence, masked, threshold)
     return unmask_top_k(confidence, masked, tokens_at_step(int(masked.shape[0]), steps, step))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from wamdiff_ros.world.camera import FrontCamera
 from wamdiff_ros.world.metrics import EpisodeLog, EpisodeScore, score_episode
 from wamdiff_ros.world.sim import World
-from wamdiff_ros.world.types import Pose2D
+from wamdiff_ros.geometry import Pose2D
 
 STOPPED = "stopped"  # end reason of an episode cut short by the bridge (max_sim_s), not by the world
 

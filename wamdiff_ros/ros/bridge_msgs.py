@@ -22,7 +22,7 @@ from wamdiff_ros.msg import DrivingCommand, PlannerOutput
 from wamdiff_ros.ros import conversions as conv
 from wamdiff_ros.ros.bridge_sync import ReceivedPlan
 from wamdiff_ros.world.camera import CameraConfig
-from wamdiff_ros.world.types import Pose2D
+from wamdiff_ros.geometry import Pose2D
 
 _NS = 1_000_000_000
 COMMAND_VALUES = {

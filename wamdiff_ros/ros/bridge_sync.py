@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wamdiff_ros.control import TrackedPlan
-from wamdiff_ros.world.types import Pose2D, wrap_angle
+from wamdiff_ros.geometry import Pose2D, wrap_angle
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -37,7 +37,7 @@ from wamdiff_ros.errors import WamDiffError
 from wamdiff_ros.msg import PlannerOutput
 from wamdiff_ros.ros import bridge_msgs as bm
 from wamdiff_ros.ros.bridge_sync import PlanTracker, PoseHistory, bicycle_yaw_rate
-from wamdiff_ros.world.types import Pose2D
+from wamdiff_ros.geometry import Pose2D
 
 NODE_NAME = "wamdiff_carla_control"
 PLAN_TOPIC = "wamdiff_planner/output/plan"

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, TINY_RANDOM
-from wamdiff_ros.ros.demo import _environment, _python, _share_file, _shut_down
+from wamdiff_ros.ros.processes import python_module, ros_environment, share_file, shut_down
 
 NODE = "/wamdiff_planner"
 DEFAULT_DOMAIN_ID = "230"  # apart from the tests' and the demo's domains (Fast DDS accepts 0-232)
@@ -33,8 +33,8 @@ def planner_command(model: str, node_params: list[str]) -> list[str]:
         args += ["-p", param]
     for name, topic in remaps.items():
         args += ["-r", f"{NODE}/input/{name}:={topic}"]
-    return _python("wamdiff_ros.ros.node", "--autostart", "--ros-args", "--params-file",
-                   str(_share_file("planner.yaml")), *args)
+    return python_module("wamdiff_ros.ros.node", "--autostart", "--ros-args", "--params-file",
+                   str(share_file("planner.yaml")), *args)
 
 
 def bridge_command(args: argparse.Namespace, results: Path) -> list[str]:
@@ -43,8 +43,8 @@ def bridge_command(args: argparse.Namespace, results: Path) -> list[str]:
               "real_time_factor": float(args.real_time_factor), "camera_hz": float(args.camera_hz),
               "results_json": str(results), "exit_when_done": "true", "use_sim_time": "true"}
     flat = [x for k, val in params.items() for x in ("-p", f"{k}:={val}")]
-    return _python("wamdiff_ros.ros.highway_bridge", "--ros-args", "--params-file",
-                   str(_share_file("highway_bridge.yaml")), *flat)
+    return python_module("wamdiff_ros.ros.highway_bridge", "--ros-args", "--params-file",
+                   str(share_file("highway_bridge.yaml")), *flat)
 
 
 def summary(results: dict) -> str:
@@ -66,7 +66,7 @@ def summary(results: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("ROS_DOMAIN_ID", DEFAULT_DOMAIN_ID)
-    env = _environment()
+    env = ros_environment()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.json"
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"the bridge did not finish within {args.timeout:.0f} s", file=sys.stderr)
         code = 1
     finally:
-        _shut_down([bridge, node], logs)
+        shut_down([bridge, node], logs)
     if not results.is_file():
         print(f"no results written (bridge exit {code}), see {out / 'bridge.log'}", file=sys.stderr)
         return 1

@@ -22,6 +22,7 @@ from visualization_msgs.msg import Marker, MarkerArray
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.errors import EgoStateError, ImageError, InputError
+from wamdiff_ros.geometry import ego_to_world
 from wamdiff_ros.planner import EgoState
 
 _NS = 1_000_000_000
@@ -283,8 +284,7 @@ def waypoints_to_odom(waypoints: np.ndarray, pose: Sequence[float]) -> np.ndarra
     """Ego-frame (N, 2) waypoints -> the odometry frame, given the ego pose (x, y, yaw) there."""
     wp = _points(waypoints, "waypoints")
     x, y, yaw = (float(v) for v in pose)
-    c, s = math.cos(yaw), math.sin(yaw)
-    return wp @ np.array([[c, s], [-s, c]]) + np.array([x, y])
+    return ego_to_world(wp, x, y, yaw)
 
 
 def path_msg(waypoints_odom: np.ndarray, stamp: Time | float, frame_id: str,

@@ -13,6 +13,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.geometry import world_to_ego
 
 T = TypeVar("T")
 
@@ -169,10 +170,8 @@ def check_inputs(
 
 def to_ego(points_odom: np.ndarray, pose: tuple[float, float, float]) -> np.ndarray:
     """Odometry-frame points -> the ego frame at ``pose`` (x, y, yaw)."""
-    x, y, yaw = pose
-    c, s = np.cos(yaw), np.sin(yaw)
-    d = np.asarray(points_odom, dtype=np.float64) - (x, y)
-    return np.stack([c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1]], axis=1)
+    x, y, yaw = (float(v) for v in pose)
+    return world_to_ego(points_odom, x, y, yaw)
 
 
 def fallback_stop(

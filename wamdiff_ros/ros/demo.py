@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,46 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, TINY_RANDOM, is_model, resolve
+from wamdiff_ros.ros.processes import python_module, ros_environment, share_file, shut_down
 
 NODE = "/wamdiff_planner"
 OUTPUT_TOPICS = (f"{NODE}/output/plan", f"{NODE}/output/path", "/diagnostics")
 DRIVE_SCENARIO = "highway"
 EVAL_SUMMARY = "eval_summary.json"  # the model's measured closed-loop score, written when the model is exported
-
-
-def _share_file(name: str) -> Path:
-    repo = Path(__file__).resolve().parents[2] / "config" / name
-    return repo if repo.is_file() else Path(sys.prefix) / "share" / "wamdiff_ros" / "config" / name
-
-
-def _environment() -> dict:
-    env = dict(os.environ)
-    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    env.setdefault("ROS_DOMAIN_ID", str(200 + os.getpid() % 30))
-    env.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(_share_file("fastdds.xml")))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
-def _python(*args: str) -> list[str]:
-    return [sys.executable, "-m", *args]
-
-
-def _stop(proc: subprocess.Popen, seconds: float = 15.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(seconds)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _shut_down(procs: list[subprocess.Popen], logs: dict) -> None:
-    """Stop ``procs`` in order (Ctrl-C, then kill) and close their log files."""
-    for proc in procs:
-        _stop(proc)
-    for f in logs.values():
-        f.close()
 
 
 def _wait_until_recording(log: Path, topics: tuple[str, ...], record: subprocess.Popen, timeout_s: float) -> bool:
@@ -74,17 +38,18 @@ def _wait_until_recording(log: Path, topics: tuple[str, ...], record: subprocess
 
 
 def run(bag: Path, out: Path, node_args: list[str], settle_s: float, ready_timeout_s: float = 120.0) -> int:
-    env = _environment()
+    env = ros_environment()
     out.mkdir(parents=True, exist_ok=True)
     recording = out / "outputs.mcap"
     recording.unlink(missing_ok=True)
     logs = {name: open(out / f"{name}.log", "w") for name in ("node", "record", "replay")}
     node = subprocess.Popen(
-        _python("wamdiff_ros.ros.node", "--autostart", "--ros-args", "--params-file", str(_share_file("planner.yaml")),
-                "-p", "use_sim_time:=true", "-p", "blackbox_dir:=none", *node_args),
+        python_module("wamdiff_ros.ros.node", "--autostart", "--ros-args", "--params-file",
+                      str(share_file("planner.yaml")), "-p", "use_sim_time:=true", "-p", "blackbox_dir:=none",
+                      *node_args),
         env=env, stdout=logs["node"], stderr=subprocess.STDOUT)
-    record = subprocess.Popen(_python("wamdiff_ros.ros.bags", "record", str(recording), "--topics", *OUTPUT_TOPICS),
-                              env=env, stdout=logs["record"], stderr=subprocess.STDOUT)
+    record = subprocess.Popen(python_module("wamdiff_ros.ros.bags", "record", str(recording), "--topics",
+                                            *OUTPUT_TOPICS), env=env, stdout=logs["record"], stderr=subprocess.STDOUT)
     try:
         print(f"node and recorder starting (logs in {out})", flush=True)
         if not _wait_until_recording(out / "record.log", OUTPUT_TOPICS, record, ready_timeout_s):
@@ -92,15 +57,15 @@ def run(bag: Path, out: Path, node_args: list[str], settle_s: float, ready_timeo
                   f"{out / 'node.log'} and {out / 'record.log'}", file=sys.stderr)
             return 1
         replay = subprocess.run(
-            _python("wamdiff_ros.ros.bags", "replay", str(bag), "--clock", "--wait-for-subscribers", "60",
-                    "--delay", "1"),
+            python_module("wamdiff_ros.ros.bags", "replay", str(bag), "--clock", "--wait-for-subscribers", "60",
+                          "--delay", "1"),
             env=env, stdout=logs["replay"], stderr=subprocess.STDOUT, timeout=600)
         if replay.returncode != 0:
             print(f"replay failed, see {out / 'replay.log'}", file=sys.stderr)
             return 1
         time.sleep(settle_s)  # the last plans
     finally:
-        _shut_down([record, node], logs)
+        shut_down([record, node], logs)
     if not recording.is_file():
         print(f"no recording written, see {out / 'record.log'}", file=sys.stderr)
         return 1

@@ -46,7 +46,7 @@ from wamdiff_ros.route_points import ROUTE_PATH_M
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
 from wamdiff_ros.world.scenarios import load_scenarios
 from wamdiff_ros.world.sim import World
-from wamdiff_ros.world.types import wrap_angle
+from wamdiff_ros.geometry import wrap_angle
 
 NODE_NAME = "wamdiff_highway_bridge"
 # Sensor topics as a simulator names them (planner.launch.py's defaults); relative, so a namespace moves them all.

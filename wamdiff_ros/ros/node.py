@@ -2,8 +2,8 @@
 
 configure loads the model (a bad path fails the transition with an ERROR diagnostic); activate starts inference
 on one worker thread, always on the latest frame. Inputs: ``~/input/image`` (or ``~/input/image/compressed``),
-``~/input/camera_info``, ``~/input/odometry``, ``~/input/command``, ``~/input/question`` and, for a model that
-wants route points, ``~/input/route`` (nav_msgs/Path in the odometry's frame). Outputs:
+``~/input/camera_info``, ``~/input/odometry``, ``~/input/command``, ``~/input/question`` and ``~/input/route``
+(nav_msgs/Path in the odometry's frame; the Planner puts it in the prompt of a model trained with it). Outputs:
 ``~/output/path``, ``~/output/plan``, ``~/output/text``, ``~/output/answer``, ``~/debug/markers``,
 ``/diagnostics``. Every output is stamped with its input image's stamp. Bad input never stops the node: it is
 counted, logged (throttled) and reported in the diagnostics.
@@ -33,12 +33,12 @@ from visualization_msgs.msg import MarkerArray
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import WamDiffError
-from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP
 from wamdiff_ros.msg import DrivingCommand, PlannerOutput
 from wamdiff_ros.planner import EgoState, Plan, Planner, PlanStats
 from wamdiff_ros.route_points import route_points_ahead
 from wamdiff_ros.ros import conversions as conv
 from wamdiff_ros.ros.outputs import planner_output_msg
+from wamdiff_ros.ros.parameters import DECODE_PARAMS, Param, parameters
 from wamdiff_ros.ros.cycle import (Counters, InputLimits, LatencyWindow, LatestSlot, StampedHistory, check_inputs,
                                    fallback_stop)
 
@@ -49,16 +49,15 @@ COMMANDS = {
     DrivingCommand.RIGHT: fmt.Command.RIGHT,
     DrivingCommand.STRAIGHT: fmt.Command.STRAIGHT,
 }
-DECODE_PARAMS = ("block_size", "steps", "threshold", "schedule", "max_new_tokens", "constrain", "x_order")
 
 
-def _descriptor(text: str, lo: float | None = None, hi: float | None = None, integer: bool = False, *,
-                read_only: bool = False) -> ParameterDescriptor:
-    d = ParameterDescriptor(description=text, read_only=read_only)
-    if lo is not None and integer:
-        d.integer_range = [IntegerRange(from_value=int(lo), to_value=int(hi), step=1)]
-    elif lo is not None:
-        d.floating_point_range = [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]
+def _descriptor(param: Param) -> ParameterDescriptor:
+    d = ParameterDescriptor(description=param.description, read_only=param.read_only)
+    if param.low is not None and isinstance(param.default, int):
+        d.integer_range = [IntegerRange(from_value=int(param.low), to_value=int(param.high), step=1)]
+    elif param.low is not None:
+        d.floating_point_range = [FloatingPointRange(from_value=float(param.low), to_value=float(param.high),
+                                                     step=0.0)]
     return d
 
 
@@ -87,40 +86,8 @@ def _seconds(stamp) -> float:
 class PlannerNode(LifecycleNode):
     def __init__(self, **kwargs) -> None:
         super().__init__(NODE_NAME, **kwargs)
-        defaults = DecodeSettings()
-        p = self.declare_parameter
-        p("model", DEFAULT_MODEL, _descriptor(MODEL_HELP, read_only=True))
-        p("device", "cpu", _descriptor("torch device", read_only=True))
-        p("dtype", "float32", _descriptor("float32 | bfloat16 | float16", read_only=True))
-        p("torch_threads", -1, _descriptor("CPU threads for inference; -1 = all cores but one (left for message "
-                                           "handling), 0 = torch's default", -1, 256, True, read_only=True))
-        p("block_size", defaults.block_size, _descriptor("B, at most the checkpoint's trained block size", 1, 256, True))
-        p("steps", defaults.steps, _descriptor("denoising steps per block, at most", 1, 256, True))
-        p("threshold", defaults.threshold, _descriptor("confidence threshold", 0.01, 1.0))
-        p("schedule", defaults.schedule, _descriptor("threshold | static | prefix"))
-        p("max_new_tokens", defaults.max_new_tokens, _descriptor("answer token budget", 80, 1024, True))
-        p("constrain", defaults.constrain, _descriptor("constrain plans to the waypoint grammar"))
-        p("x_order", defaults.x_order, _descriptor("with constrain: waypoints may not step back (the x ordering rule)"))
-        p("compressed", False, _descriptor("subscribe to ~/input/image/compressed instead", read_only=True))
-        p("image_width", 0, _descriptor("resize images to this width before planning (0 = as received)", 0, 8192, True))
-        p("image_height", 0, _descriptor("resize images to this height before planning (0 = as received)", 0, 8192,
-                                         True))
-        p("image_reliability", "best_effort", _descriptor("image QoS: best_effort (sensor data) | reliable",
-                                                          read_only=True))
-        p("image_depth", 1, _descriptor("image QoS history depth", 1, 100, True, read_only=True))
-        p("model_fov_deg", 90.0, _descriptor("horizontal FOV the model was trained with", 10.0, 180.0))
-        p("sync_tolerance_ms", 100.0, _descriptor("odometry must be this close to the image stamp", 0.0, 10000.0))
-        p("odometry_wait_ms", 50.0, _descriptor("how long a frame waits for odometry stamped at or after it", 0.0,
-                                                1000.0))
-        p("command_timeout_s", 10.0, _descriptor("a navigation command older than this is stale", 0.0, 3600.0))
-        p("deadline_ms", 1000.0, _descriptor("a plan later than this after its image is replaced", 1.0, 60000.0))
-        p("fallback_decel", 2.0, _descriptor("deceleration of the fallback stop, m/s^2", 0.5, 8.0))
-        p("diagnostics_period_s", 1.0, _descriptor("diagnostics publishing period", 0.1, 60.0))
-        p("blackbox_dir", "", _descriptor("where fallbacks dump the last inputs as MCAP ('' = $ROS_HOME/wamdiff_blackbox"
-                                          ", 'off' = never)", read_only=True))
-        p("blackbox_seconds", 10.0, _descriptor("seconds of inputs a black-box file holds", 1.0, 600.0, read_only=True))
-        p("blackbox_max_mb", 64.0, _descriptor("memory cap of the black-box buffer", 1.0, 4096.0, read_only=True))
-        p("blackbox_min_interval_s", 10.0, _descriptor("at most one black-box file per this many seconds", 0.0, 3600.0))
+        for param in parameters():
+            self.declare_parameter(param.name, param.default, _descriptor(param))
         self.planner: Planner | None = None
         self.counters = Counters()
         self.latency = LatencyWindow()  # inference (plan()) time
@@ -134,6 +101,7 @@ class PlannerNode(LifecycleNode):
         self._route: RouteInput | None = None  # the latest ~/input/route
         self._odom_frame_id = ""  # header.frame_id of the latest odometry
         self._route_state = "none"  # for the diagnostics: none | used | refused: ... | error: ...
+        self._plan_route = ""  # the last plan's stats.route
         self._last_path_odom: np.ndarray | None = None
         self._last_image_stamp = -np.inf
         self._worker: threading.Thread | None = None
@@ -168,10 +136,9 @@ class PlannerNode(LifecycleNode):
         except (WamDiffError, OSError, ValueError) as exc:
             self._fail(f"model not loaded: {exc}")
             return TransitionCallbackReturn.FAILURE
-        if self.planner.wants_route_points:
+        if self.planner.bundle.meta.route_points:
             self.get_logger().info("the model was trained with route points in its prompt: they come from "
-                                   "~/input/route (nav_msgs/Path in the odometry's frame); until a route arrives it "
-                                   "plans without them")
+                                   "~/input/route (nav_msgs/Path in the odometry's frame)")
         out = self.create_lifecycle_publisher
         self._path_pub = out(Path, "~/output/path", 10)
         self._plan_pub = out(PlannerOutput, "~/output/plan", 10)
@@ -432,13 +399,11 @@ class PlannerNode(LifecycleNode):
             return
         _, (pose, ego) = odom
         planner = self.planner
-        route = self._route_points(pose) if planner.wants_route_points else None
+        route = self._route_points(pose)
         t0 = time.perf_counter()
         try:
-            if planner.wants_route_points:
-                plan = planner.plan(frame.rgb, ego, command[1], route=route)
-            else:  # the paper's prompt, exactly as before route points existed
-                plan = planner.plan(frame.rgb, ego, command[1])
+            plan = planner.plan(frame.rgb, ego, command[1], route=route)
+            self._plan_route = plan.stats.route
             failure = None if plan.valid else f"invalid plan: {plan.reason}"
         except Exception as exc:
             plan, failure = None, f"model error: {exc!r}"
@@ -464,8 +429,6 @@ class PlannerNode(LifecycleNode):
         with self._lock:
             route = self._route
         if route is None:
-            self.get_logger().warning("no route on ~/input/route yet: planning without route points",
-                                      throttle_duration_sec=10.0)
             return None
         odom_frame = self._odom_frame_id
         if route.frame_id and odom_frame and route.frame_id != odom_frame:
@@ -551,10 +514,10 @@ class PlannerNode(LifecycleNode):
         now = self._now()
         values["odometry_age_s"] = round(now - odom[0], 3) if odom else "none"
         values["command_age_s"] = round(now - command[0], 3) if command else "none"
-        if self.planner is not None and self.planner.wants_route_points:
-            with self._lock:
-                route, values["route"] = self._route, self._route_state
-            values["route_age_s"] = round(now - route.stamp, 3) if route else "none"
+        with self._lock:
+            route, values["route"] = self._route, self._route_state
+        values["route_age_s"] = round(now - route.stamp, 3) if route else "none"
+        values["route_in_prompt"] = self._plan_route or "none"  # the last plan's: used | missing | unused
         status = DiagnosticStatus(level=level, name=f"{NODE_NAME}: planner", message=message,
                                   hardware_id=NODE_NAME,
                                   values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])

@@ -1,2 +1,3 @@
-"""The CPU closed-loop world: highway-env scenarios, a rendered front camera, a privileged expert, dataset export and
-a Bench2Drive-style evaluator. No ROS imports here."""
+"""The CPU closed-loop world: highway-env scenarios, a rendered front camera, a privileged expert, the closed-loop
+episode loop and a Bench2Drive-style evaluator (its data export and probes are ``wamdiff_training.world``). No ROS
+imports here."""

@@ -19,7 +19,8 @@ from wamdiff_ros.draw import CameraModel
 from wamdiff_ros.errors import CameraConfigError
 from wamdiff_ros.format import BOX_GRID, Box
 from wamdiff_ros.world.road_mesh import PolygonLayer, road_layers
-from wamdiff_ros.world.types import Pose2D, RoadGeometry, VehicleBox
+from wamdiff_ros.geometry import Pose2D
+from wamdiff_ros.world.types import RoadGeometry, VehicleBox
 
 NEAR_M = 0.25  # near plane (camera depth); polygons crossing it are clipped
 SKY_TOP_RGB, SKY_HORIZON_RGB = (84, 132, 204), (186, 208, 232)

@@ -67,12 +67,16 @@ class PlanResult:
 
 
 class ClosedLoopPlanner(Protocol):
+    """What drives in the world (``run_episode``, the data export's DAgger rollouts, the probes): ``plan`` gets the
+    observation and the route points of its command's route (``World.route_points``); a planner that takes no route
+    ignores them."""
+
     name: str
     needs_camera: bool
 
     def reset(self, world: World) -> None: ...
 
-    def plan(self, obs: Observation) -> PlanResult: ...
+    def plan(self, obs: Observation, route: np.ndarray | None = None) -> PlanResult: ...
 
 
 class ExpertPlanner:
@@ -81,7 +85,7 @@ class ExpertPlanner:
     def reset(self, world: World) -> None:
         self._expert = Expert(world)
 
-    def plan(self, obs: Observation) -> PlanResult:
+    def plan(self, obs: Observation, route: np.ndarray | None = None) -> PlanResult:
         return PlanResult(self._expert.plan().waypoints)
 
 
@@ -93,46 +97,28 @@ class ConstantVelocityPlanner:
     def reset(self, world: World) -> None:
         pass
 
-    def plan(self, obs: Observation) -> PlanResult:
+    def plan(self, obs: Observation, route: np.ndarray | None = None) -> PlanResult:
         t = np.arange(1, fmt.NUM_WAYPOINTS + 1)[:, None] * fmt.WAYPOINT_DT_S
         return PlanResult((t * np.asarray(obs.ego_velocity)[None]).astype(np.float32))
 
 
 class ModelPlanner:
-    """The package's ``Planner`` on the rendered front camera, ego velocity / acceleration and the route command; for
-    a checkpoint trained with the optional route line (``Planner.wants_route_points``) also the route points of the
-    command's route (``World.route_points``), computed at each plan. Other checkpoints get the paper's prompt."""
+    """The package's ``Planner`` on the rendered front camera, ego velocity / acceleration, the route command and the
+    route points (``Planner`` decides from its checkpoint whether the prompt carries them)."""
 
     needs_camera = True
 
     def __init__(self, planner, name: str = "model") -> None:
         from wamdiff_ros.planner import EgoState  # torch only where a model runs
 
-        self._planner, self._ego_state, self.name = planner, EgoState, name
-        self.route_points = bool(getattr(planner, "wants_route_points", False))
+        self.planner, self._ego_state, self.name = planner, EgoState, name
 
     def reset(self, world: World) -> None:
         pass
 
-    @staticmethod
-    def route(obs: Observation) -> np.ndarray:
-        """The route points of the observation's command: the world's own route's, or under another command (a probe
-        asking for one) that command's alternative route's while the world offers it."""
-        world = obs.world
-        other = world.alternative_routes().get(obs.command) if obs.command != world.command else None
-        return world.route_points(other)
-
-    def plan(self, obs: Observation) -> PlanResult:
-        return self.plan_with_route(obs, self.route(obs) if self.route_points else None)
-
-    def plan_with_route(self, obs: Observation, route: np.ndarray | None) -> PlanResult:
-        """The plan from ``obs`` with ``route`` as the prompt's route points (None: the paper's prompt); a probe
-        (``wamdiff-eval trace --route-variants``) asks with a route other than the world's."""
+    def plan(self, obs: Observation, route: np.ndarray | None = None) -> PlanResult:
         ego = self._ego_state(obs.ego_velocity, obs.ego_acceleration)
-        if route is not None:
-            p = self._planner.plan(obs.frame.image, ego, obs.command, route=route)
-        else:
-            p = self._planner.plan(obs.frame.image, ego, obs.command)
+        p = self.planner.plan(obs.frame.image, ego, obs.command, route=route)
         return PlanResult(p.waypoints, bool(p.valid), p.stats.forward_calls, p.stats.new_tokens, p.boxes)
 
 
@@ -163,8 +149,9 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
         if pending is None and world.t >= next_request - 1e-9:
             frame = camera.render(world.ego_pose, world.others()) if camera is not None else None
             obs = Observation(frame, world.ego_velocity(), world.ego_acceleration(), world.command, world)
+            route = world.route_points()  # the route source's part, not the planner's: outside the latency
             t0 = time.perf_counter()
-            result = planner.plan(obs)
+            result = planner.plan(obs, route=route)
             latency = time.perf_counter() - t0
             latencies.append(latency)
             calls, tokens = calls + result.forward_calls, tokens + result.new_tokens

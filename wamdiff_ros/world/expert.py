@@ -17,7 +17,6 @@ from highway_env.road.lane import AbstractLane
 from highway_env.vehicle.objects import Obstacle
 
 from wamdiff_ros import format as fmt
-from wamdiff_ros.world.route import Route
 from wamdiff_ros.world.sim import World, mirror
 
 HORIZON = np.arange(1, 17) * 0.25  # collision-check times, s
@@ -245,21 +244,3 @@ class Expert:
         pts = path[i0] + (path[i0 + 1] - path[i0]) * (idx - i0)[:, None]
         wp = self.w.ego_pose.to_ego(mirror(pts))
         return ExpertPlan(wp.astype(np.float32), lane_id, a, ("lane change " if lane_change else "") + why)
-
-
-class RouteView:
-    """``world`` seen along another of its routes (``World.alternative_routes``): the expert reads the route from
-    here and everything else (the ego, the traffic, the ego's segment, shared with the approach) from the world."""
-
-    def __init__(self, world: World, route: Route) -> None:
-        self._world, self.route = world, route
-
-    def __getattr__(self, name: str):
-        return getattr(self._world, name)
-
-
-def counterfactual_plans(world: World) -> dict[fmt.Command, ExpertPlan]:
-    """What the expert would plan at this instant under each of the other commands of a junction scenario, while the
-    ego is on the shared approach (``World.alternative_routes``; empty elsewhere). A fresh expert per call: the
-    expert keeps state only on the highway (its target lane)."""
-    return {command: Expert(RouteView(world, route)).plan() for command, route in world.alternative_routes().items()}

@@ -29,7 +29,8 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.world.metrics import EpisodeLog, Infraction, InfractionEvent
 from wamdiff_ros.world.route import Route
 from wamdiff_ros.world.scenarios import ScenarioSet, ScenarioSpec, load_scenarios
-from wamdiff_ros.world.types import LINE_DASHED, LINE_NONE, LINE_SOLID, LaneStrip, Pose2D, RoadGeometry, VehicleBox
+from wamdiff_ros.geometry import Pose2D
+from wamdiff_ros.world.types import LINE_DASHED, LINE_NONE, LINE_SOLID, LaneStrip, RoadGeometry, VehicleBox
 
 LaneIndex = tuple[str, str, int]
 STUCK_TRAFFIC_S = 5.0

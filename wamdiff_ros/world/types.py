@@ -1,4 +1,4 @@
-"""Plain data shared by the world, the renderer, the expert, the follower and the metrics.
+"""Plain data shared by the world, the renderer, the expert and the metrics (poses: ``wamdiff_ros.geometry``).
 
 Frame convention (stated once; ``wamdiff_ros.format`` states the ego frame the text uses):
 - **world frame**: right-handed map frame, x east, y north, metres; heading counter-clockwise from +x, radians.
@@ -10,38 +10,11 @@ Frame convention (stated once; ``wamdiff_ros.format`` states the ego frame the t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True, slots=True)
-class Pose2D:
-    x: float
-    y: float
-    heading: float
-
-    def to_ego(self, points_xy: np.ndarray) -> np.ndarray:
-        """World points (N, 2) -> this pose's ego frame (x forward, y left)."""
-        p = np.asarray(points_xy, dtype=np.float64).reshape(-1, 2) - (self.x, self.y)
-        c, s = math.cos(self.heading), math.sin(self.heading)
-        return np.stack([c * p[:, 0] + s * p[:, 1], -s * p[:, 0] + c * p[:, 1]], axis=1)
-
-    def to_world(self, points_xy: np.ndarray) -> np.ndarray:
-        """Ego-frame points (N, 2) of this pose -> world points."""
-        p = np.asarray(points_xy, dtype=np.float64).reshape(-1, 2)
-        c, s = math.cos(self.heading), math.sin(self.heading)
-        return np.stack([self.x + c * p[:, 0] - s * p[:, 1], self.y + s * p[:, 0] + c * p[:, 1]], axis=1)
-
-    def relative(self, other: Pose2D) -> Pose2D:
-        """``other`` expressed in this pose's ego frame."""
-        (x, y), = self.to_ego(np.array([[other.x, other.y]]))
-        return Pose2D(float(x), float(y), wrap_angle(other.heading - self.heading))
-
-
-def wrap_angle(a: float) -> float:
-    return (a + math.pi) % (2.0 * math.pi) - math.pi
+from wamdiff_ros.geometry import Pose2D
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,6 @@ class NoisyState:
     noisy: torch.Tensor  # (n,)
     mask_token_id: int
     steps: torch.Tensor | None = None  # on-policy: denoising steps each student block ran; None: random masking
-    record: str = ""  # the id of the record it was made from (make_states; a routed teacher reads its scenario)
 
     @property
     def masked(self) -> torch.Tensor:
@@ -100,7 +99,7 @@ class Rollout:
     is not taken (a finished block teaches nothing), so every state is one the decoder really visits."""
 
     threshold: float = 0.9
-    schedule: str = "threshold"  # "static": tokens_per_step(B, steps) per step; "prefix": in reading order
+    schedule: str = "threshold"  # "static": tokens_per_step(B, steps) per step
     steps: int = 32  # T (sets the static schedule)
     max_steps: int = 8  # cost cap: at most this many extra no-grad forwards per training step
 
@@ -169,6 +168,4 @@ def make_states(model: nn.Module, samples: Sequence[Sample], block_size: int, ma
     if off:
         states.update(zip(off, random_states([prompts[i] for i in off], [answers[i] for i in off], block_size,
                                              mask_token_id, noise, generator)))
-    for i, sample in enumerate(samples):
-        states[i].record = sample.id
     return [states[i] for i in range(len(samples))]

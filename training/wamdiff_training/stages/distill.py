@@ -84,10 +84,9 @@ def place(teacher: Teacher, device: torch.device, dtype: str = "auto") -> None:
     if dtype not in TEACHER_DTYPES:
         raise ValueError(f"teacher dtype {dtype!r} is not one of {TEACHER_DTYPES}")
     want = torch.bfloat16 if dtype == "bf16" or (dtype == "auto" and device.type == "cuda") else torch.float32
-    for part in getattr(teacher, "parts", (teacher,)):  # a mixed teacher (cross_scale) moves each of its models
-        weight = part.model.lm_head.weight
-        if weight.device != device or weight.dtype != want:
-            part.model.to(device=device, dtype=want)
+    weight = teacher.model.lm_head.weight
+    if weight.device != device or weight.dtype != want:
+        teacher.model.to(device=device, dtype=want)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,29 @@
+"""The node's parameter table is the one source of config/planner.yaml and README's parameter table."""
+
+import yaml
+
+from wamdiff_ros.decoding.settings import DecodeSettings
+from wamdiff_ros.ros.parameters import (DECODE_PARAMS, PARAMS_FILE, README, TABLE_END, TABLE_START, parameters,
+                                        params_table, params_yaml, readme_with_table)
+
+
+def test_param_file_is_written_from_the_table():
+    assert PARAMS_FILE.read_text() == params_yaml(), "run: python -m wamdiff_ros.ros.parameters --write"
+    values = yaml.safe_load(PARAMS_FILE.read_text())["/**"]["ros__parameters"]
+    assert values == {p.name: p.default for p in parameters()}
+
+
+def test_readme_table_is_written_from_the_table():
+    text = README.read_text()
+    assert text.count(TABLE_START) == 1 and text.count(TABLE_END) == 1
+    assert readme_with_table(text) == text, "run: python -m wamdiff_ros.ros.parameters --write"
+    assert all(f"| `{p.name}` |" in params_table() for p in parameters())
+
+
+def test_decode_parameters_take_the_decode_defaults():
+    defaults, table = DecodeSettings(), {p.name: p for p in parameters()}
+    for name in DECODE_PARAMS:
+        assert table[name].default == getattr(defaults, name), name
+        assert table[name].changes == "live"
+    assert table["schedule"].description == "threshold | static"
+    assert len(table) == len(parameters())  # names are unique

@@ -1,0 +1,130 @@
+"""The planner node's parameters: the one table the node declares from, and from which config/planner.yaml and
+README's parameter table are written (``python -m wamdiff_ros.ros.parameters --write``; a test holds them equal).
+rclpy-free."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from wamdiff_ros.decoding.settings import DecodeSettings
+from wamdiff_ros.decoding.unmask import SCHEDULES
+from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP
+
+ROOT = Path(__file__).resolve().parents[2]
+PARAMS_FILE = ROOT / "config" / "planner.yaml"
+README = ROOT / "README.md"
+TABLE_START, TABLE_END = "<!-- params:start -->", "<!-- params:end -->"
+DECODE_PARAMS = ("block_size", "steps", "threshold", "schedule", "max_new_tokens", "constrain")
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    default: bool | int | float | str
+    description: str
+    low: float | None = None  # inclusive range, for numbers
+    high: float | None = None
+    read_only: bool = False
+    on_restart: bool = False  # settable, but read once at start
+
+    @property
+    def type_name(self) -> str:
+        return {bool: "bool", int: "int", float: "double", str: "string"}[type(self.default)]
+
+    @property
+    def changes(self) -> str:
+        """When a new value takes effect: never (read-only), at the next cycle (live) or on the next start."""
+        return "read-only" if self.read_only else "on restart" if self.on_restart else "live"
+
+
+def parameters() -> tuple[Param, ...]:
+    d = DecodeSettings()
+    return (
+        Param("model", DEFAULT_MODEL, MODEL_HELP, read_only=True),
+        Param("device", "cpu", "torch device", read_only=True),
+        Param("dtype", "float32", "float32 | bfloat16 | float16", read_only=True),
+        Param("torch_threads", -1, "CPU threads for inference; -1 = all cores but one (left for message handling), "
+              "0 = torch's default", -1, 256, read_only=True),
+        Param("block_size", d.block_size, "B, at most the checkpoint's trained block size", 1, 256),
+        Param("steps", d.steps, "denoising steps per block, at most", 1, 256),
+        Param("threshold", d.threshold, "confidence threshold of the threshold schedule", 0.01, 1.0),
+        Param("schedule", d.schedule, " | ".join(SCHEDULES)),
+        Param("max_new_tokens", d.max_new_tokens, "answer token budget", 80, 1024),
+        Param("constrain", d.constrain, "constrain plans to the waypoint grammar"),
+        Param("compressed", False, "subscribe to ~/input/image/compressed instead of ~/input/image", read_only=True),
+        Param("image_width", 0, "resize images to this width before planning (0 = as received)", 0, 8192),
+        Param("image_height", 0, "resize images to this height before planning (0 = as received)", 0, 8192),
+        Param("image_reliability", "best_effort", "image QoS: best_effort (sensor data) | reliable", read_only=True),
+        Param("image_depth", 1, "image QoS history depth", 1, 100, read_only=True),
+        Param("model_fov_deg", 90.0, "horizontal FOV the model was trained with (a camera_info more than 5 degrees "
+              "off is warned about)", 10.0, 180.0),
+        Param("sync_tolerance_ms", 100.0, "odometry must be this close to the image stamp, else the cycle is skipped",
+              0.0, 10000.0),
+        Param("odometry_wait_ms", 50.0, "how long a frame waits for odometry stamped at or after it", 0.0, 1000.0),
+        Param("command_timeout_s", 10.0, "a navigation command older than this is stale", 0.0, 3600.0),
+        Param("deadline_ms", 1000.0, "a plan later than this after its image stamp is replaced by the fallback",
+              1.0, 60000.0),
+        Param("fallback_decel", 2.0, "deceleration of the fallback stop, m/s^2", 0.5, 8.0),
+        Param("diagnostics_period_s", 1.0, "diagnostics publishing period", 0.1, 60.0, on_restart=True),
+        Param("blackbox_dir", "", "where fallbacks dump the last inputs as MCAP ('' = $ROS_HOME/wamdiff_blackbox, "
+              "'none' = never)", read_only=True),
+        Param("blackbox_seconds", 10.0, "seconds of inputs a black-box file holds", 1.0, 600.0, read_only=True),
+        Param("blackbox_max_mb", 64.0, "memory cap of the black-box buffer", 1.0, 4096.0, read_only=True),
+        Param("blackbox_min_interval_s", 10.0, "at most one black-box file per this many seconds", 0.0, 3600.0),
+    )
+
+
+def _yaml_value(value: bool | int | float | str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value if re.fullmatch(r"[A-Za-z_][\w.-]*", value) else json.dumps(value)
+    return repr(value)
+
+
+def params_yaml() -> str:
+    """config/planner.yaml: every parameter at its default, described."""
+    lines = ["# Parameters of the wamdiff_planner node, written by `python -m wamdiff_ros.ros.parameters --write` from",
+             "# wamdiff_ros/ros/parameters.py (their one home; decode defaults from DecodeSettings). Copy and edit it",
+             "# for your own launch.", "/**:", "  ros__parameters:"]
+    for p in parameters():
+        lines.append(f"    {p.name + ': ' + _yaml_value(p.default):<32}# {p.description} ({p.changes})")
+    return "\n".join(lines) + "\n"
+
+
+def params_table() -> str:
+    """README's parameter table (Markdown)."""
+    rows = ["| name | type | default | range | changes | description |", "|---|---|---|---|---|---|"]
+    for p in parameters():
+        default = f"`{p.default}`" if isinstance(p.default, str) and p.default else (
+            '`""`' if p.default == "" else _yaml_value(p.default))
+        span = "" if p.low is None else f"{p.low}..{p.high}"
+        rows.append(f"| `{p.name}` | {p.type_name} | {default} | {span} | {p.changes} | "
+                    f"{p.description.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows) + "\n"
+
+
+def readme_with_table(text: str) -> str:
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    return text[:start] + "\n" + params_table() + text[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--write", action="store_true", help="rewrite config/planner.yaml and README's table")
+    args = p.parse_args(argv)
+    if not args.write:
+        print(params_yaml(), end="")
+        return 0
+    PARAMS_FILE.write_text(params_yaml())
+    README.write_text(readme_with_table(README.read_text()))
+    print(f"wrote {PARAMS_FILE} and the table in {README}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
