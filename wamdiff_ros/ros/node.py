@@ -131,6 +131,7 @@ class PlannerNode(LifecycleNode):
         try:
             self.planner = Planner.from_pretrained(
                 self._param("model"), device=self._param("device"), dtype=self._dtype(),
+                mask_token_id=None if self._param("mask_token_id") < 0 else self._param("mask_token_id"),
                 **{k: self._param(k) for k in DECODE_PARAMS},
             )
         except (WamDiffError, OSError, ValueError) as exc:
@@ -267,7 +268,8 @@ class PlannerNode(LifecycleNode):
     def _dtype(self):
         import torch
 
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self._param("dtype")]
+        return {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                "float16": torch.float16}[self._param("dtype")]
 
     def _on_parameters(self, params) -> SetParametersResult:
         changed = {p.name: p.value for p in params if p.name in DECODE_PARAMS}

@@ -46,7 +46,10 @@ def parameters() -> tuple[Param, ...]:
     return (
         Param("model", DEFAULT_MODEL, MODEL_HELP, read_only=True),
         Param("device", "cpu", "torch device", read_only=True),
-        Param("dtype", "float32", "float32 | bfloat16 | float16", read_only=True),
+        Param("dtype", "auto", "auto (float32 on the CPU, the checkpoint's own on a GPU) | float32 | bfloat16 | "
+              "float16", read_only=True),
+        Param("mask_token_id", -1, "the [MASK] embedding row; -1 = the checkpoint's (WAM-Diff2: 151671)", -1,
+              10_000_000, read_only=True),
         Param("torch_threads", -1, "CPU threads for inference; -1 = all cores but one (left for message handling), "
               "0 = torch's default", -1, 256, read_only=True),
         Param("block_size", d.block_size, "B, at most the checkpoint's trained block size", 1, 256),
