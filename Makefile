@@ -11,7 +11,7 @@ OUT := out
 # rosidl) into the venv, which the ROS 2 wheels from PyPI already made an ament prefix.
 ROS_BUILD := build/ros
 MSGS := $(wildcard msg/*.msg)
-SHARE_FILES := $(wildcard config/* launch/*)
+SHARE_FILES := $(wildcard config/* launch/* rviz/*)
 
 # Top-level requirements of the lock (make lock): ROS 2 Kilted runtime wheels, and the build-only wheels for the
 # interfaces (the wheels do not declare them; catkin_pkg is ament_package's parser).
@@ -31,7 +31,7 @@ $(PIP_STAMP): requirements.lock setup.py training/setup.py
 	$(PIP) install --no-deps --no-build-isolation -e training
 	touch $@
 
-$(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch $(MSGS) $(SHARE_FILES) $(wildcard scripts/wamdiff_*) scripts/build_interfaces.sh
+$(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch rviz $(MSGS) $(SHARE_FILES) $(wildcard scripts/wamdiff_*) scripts/build_interfaces.sh
 	@scripts/build_interfaces.sh $(VENV) $(ROS_BUILD)
 	@touch $@
 

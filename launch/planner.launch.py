@@ -11,7 +11,7 @@ import os
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, EmitEvent, RegisterEventHandler
+from launch.actions import DeclareLaunchArgument, EmitEvent, OpaqueFunction, RegisterEventHandler
 from launch.events import matches_action
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import LifecycleNode
@@ -22,22 +22,24 @@ from lifecycle_msgs.msg import Transition
 ARGUMENTS = {
     "model": ("wamdiff-tiny", "checkpoint folder, wamdiff-tiny (the packaged trained student) or tiny-random"),
     "device": ("cpu", "torch device"),
-    "params_file": ("", "parameter file (default: the package's config/planner.yaml)"),
+    "params_file": ("", "parameter file replacing the package's config/planner.yaml (model, device and use_sim_time "
+                        "given here still win)"),
     "image": ("/camera/front/image_raw", "sensor_msgs/Image topic"),
     "camera_info": ("/camera/front/camera_info", "sensor_msgs/CameraInfo topic"),
     "odometry": ("/odom", "nav_msgs/Odometry topic"),
     "command": ("/route/command", "wamdiff_ros/DrivingCommand topic"),
-    "route": ("/route/path", "nav_msgs/Path topic: the route in the odometry's frame (read only by a model that wants "
-                             "route points)"),
+    "route": ("/route/path", "nav_msgs/Path topic: the route in the odometry's frame (in the prompt of a model "
+                             "trained with route points)"),
     "use_sim_time": ("false", "use /clock"),
 }
 
 
-def generate_launch_description():
+def _planner(context):
+    """The node, configured then activated; its parameter file is ``params_file`` when given."""
     share = get_package_share_directory("wamdiff_ros")
-    params = os.path.join(share, "config", "planner.yaml")
-    profile = os.path.join(share, "config", "fastdds.xml")
     arg = LaunchConfiguration
+    params = arg("params_file").perform(context) or os.path.join(share, "config", "planner.yaml")
+    profile = os.path.join(share, "config", "fastdds.xml")
     node = LifecycleNode(
         package="wamdiff_ros",
         executable="wamdiff_planner_node",
@@ -61,8 +63,12 @@ def generate_launch_description():
         entities=[EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(node),
                                               transition_id=Transition.TRANSITION_ACTIVATE))],
     ))
+    return [node, activate, configure]
+
+
+def generate_launch_description():
     return LaunchDescription(
         [DeclareLaunchArgument(name, default_value=default, description=text)
          for name, (default, text) in ARGUMENTS.items()]
-        + [node, activate, configure]
+        + [OpaqueFunction(function=_planner)]
     )

@@ -13,7 +13,7 @@ BUILD=${2:-build/ros}
 PY_DIR=lib/wamdiff_ros_interfaces
 mkdir -p "$BUILD"
 echo "building the ROS 2 interfaces into $VENV (log: $BUILD/build.log)"
-rm -rf "$VENV/$PY_DIR" "$VENV/share/wamdiff_ros/config" "$VENV/share/wamdiff_ros/launch"
+rm -rf "$VENV/$PY_DIR" "$VENV/share/wamdiff_ros/config" "$VENV/share/wamdiff_ros/launch" "$VENV/share/wamdiff_ros/rviz"
 ( set -e
   export AMENT_PREFIX_PATH=$VENV CMAKE_PREFIX_PATH=$VENV
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF \

@@ -49,13 +49,39 @@ def test_launch_file_is_consistent(path):
     for const in (n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)):
         if re.fullmatch(r"[\w.-]+\.(yaml|xml)", const.value):
             assert (ROOT / "config" / const.value).is_file(), const.value
-    # the launch arguments it uses are declared
-    declared = set(ast.literal_eval(next(n.value for n in tree.body if isinstance(n, ast.Assign)
-                                         and n.targets[0].id == "ARGUMENTS")))
-    used = {c.args[0].value for c in ast.walk(tree) if isinstance(c, ast.Call)
-            and getattr(c.func, "id", None) in ("LaunchConfiguration", "arg") and c.args
-            and isinstance(c.args[0], ast.Constant)}
-    assert used <= declared, used - declared
+    # the launch arguments it declares are exactly the ones it uses
+    declared = set(_module_dicts(tree)["ARGUMENTS"])
+    used = _used_arguments(tree)
+    assert used <= declared, f"used, not declared: {used - declared}"
+    assert declared <= used, f"declared, never used: {declared - used}"
+
+
+def _module_dicts(tree: ast.Module) -> dict[str, dict]:
+    out = {}
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Dict):
+            out[n.targets[0].id] = {ast.literal_eval(k): None for k in n.value.keys}
+    return out
+
+
+def _used_arguments(tree: ast.Module) -> set[str]:
+    """Names read with ``LaunchConfiguration(...)`` / ``arg(...)``: constants, and the keys of a module-level dict a
+    comprehension reads them from (``{name: arg(name) for name, kind in TYPES.items()}``)."""
+    dicts, used = _module_dicts(tree), set()
+    for c in ast.walk(tree):
+        if isinstance(c, ast.Call) and getattr(c.func, "id", None) in ("LaunchConfiguration", "arg") and c.args:
+            if isinstance(c.args[0], ast.Constant):
+                used.add(c.args[0].value)
+    for comp in (n for n in ast.walk(tree) if isinstance(n, (ast.DictComp, ast.ListComp, ast.SetComp))):
+        names = {c.args[0].id for c in ast.walk(comp) if isinstance(c, ast.Call) and c.args
+                 and getattr(c.func, "id", None) in ("LaunchConfiguration", "arg") and isinstance(c.args[0], ast.Name)}
+        for gen in comp.generators:
+            source = gen.iter.func.value if isinstance(gen.iter, ast.Call) and isinstance(gen.iter.func, ast.Attribute) \
+                else gen.iter
+            targets = {t.id for t in ast.walk(gen.target) if isinstance(t, ast.Name)}
+            if names & targets and isinstance(source, ast.Name) and source.id in dicts:
+                used |= set(dicts[source.id])
+    return used
 
 
 def test_fastdds_profile_enlarges_the_shared_memory_segment():
@@ -90,3 +116,14 @@ def test_installed_prefix_holds_every_launched_executable(monkeypatch):
         for call in _calls(ast.parse(path.read_text()), "LifecycleNode") + _calls(ast.parse(path.read_text()), "Node"):
             exe = Path(prefix) / "lib" / "wamdiff_ros" / _kw(call, "executable").value
             assert exe.is_file() and os.access(exe, os.X_OK), exe
+
+
+def test_rviz_config_shows_the_nodes_outputs_and_is_installed():
+    config = yaml.safe_load((ROOT / "rviz" / "wamdiff.rviz").read_text())["Visualization Manager"]
+    topics = {d["Topic"]["Value"] for d in config["Displays"] if "Topic" in d}
+    node = (ROOT / "wamdiff_ros" / "ros" / "node.py").read_text()
+    for topic in topics:
+        assert topic.startswith("/wamdiff_planner/") and f'"~/{topic.split("/", 2)[2]}"' in node, topic
+    assert {"/wamdiff_planner/output/path", "/wamdiff_planner/debug/markers"} <= topics
+    assert config["Global Options"]["Fixed Frame"] == "odom"
+    assert re.search(r"install\(DIRECTORY [^)]*\brviz\b", (ROOT / "CMakeLists.txt").read_text())

@@ -141,6 +141,8 @@ def test_a_model_that_wants_route_points_gets_them_from_the_route_topic(monkeypa
         assert values["route"] == "used" and values["route_age_s"] != "none" and values["route_in_prompt"] == "used"
         bad = run.node.counters.bad_input
 
+        assert run.published[-1].waypoints_odom[0].header.frame_id == "odom"  # the odometry's frame
+
         # a route in another frame than the odometry's: refused, reported, planning goes on without it
         run.send_route(straight, frame_id="map")
         assert run.cycle() is None and run.cycle() is None
@@ -152,6 +154,10 @@ def test_a_model_that_wants_route_points_gets_them_from_the_route_topic(monkeypa
         np.testing.assert_allclose(run.cycle(), _expected(straight), atol=1e-6)
         run.send_route(straight, frame_id="map")
         np.testing.assert_allclose(run.cycle(frame_id=""), _expected(straight), atol=1e-6)
+        assert run.published[-1].waypoints_odom[0].header.frame_id == "odom"  # odometry without a frame: odom
+        run.send_route(straight, frame_id="map")
+        np.testing.assert_allclose(run.cycle(frame_id="map"), _expected(straight), atol=1e-6)
+        assert run.published[-1].waypoints_odom[0].header.frame_id == "map"  # carla-ros-bridge's odometry frame
 
         # malformed routes never stop the node: dropped, reported, the route is cleared
         for xy in ([(1.0, 2.0)], [(0.0, 0.0), (float("nan"), 1.0)], [(3.0, 3.0), (3.0, 3.0)]):

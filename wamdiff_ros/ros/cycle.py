@@ -168,6 +168,12 @@ def check_inputs(
     return None
 
 
+def default_command_due(command: tuple[float, object] | None, now: float, timeout_s: float, default: str) -> bool:
+    """Whether a cycle plans with the ``default_command`` parameter: one is set and no command has arrived, or only
+    one older than ``timeout_s``."""
+    return bool(default) and (command is None or now - command[0] > timeout_s)
+
+
 def to_ego(points_odom: np.ndarray, pose: tuple[float, float, float]) -> np.ndarray:
     """Odometry-frame points -> the ego frame at ``pose`` (x, y, yaw)."""
     x, y, yaw = (float(v) for v in pose)

@@ -23,6 +23,7 @@ import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from nav_msgs.msg import Odometry, Path
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -40,9 +41,10 @@ from wamdiff_ros.ros import conversions as conv
 from wamdiff_ros.ros.outputs import planner_output_msg
 from wamdiff_ros.ros.parameters import DECODE_PARAMS, Param, parameters
 from wamdiff_ros.ros.cycle import (Counters, InputLimits, LatencyWindow, LatestSlot, StampedHistory, check_inputs,
-                                   fallback_stop)
+                                   default_command_due, fallback_stop)
 
 NODE_NAME = "wamdiff_planner"
+DEFAULT_ODOM_FRAME = "odom"  # for odometry that names no frame
 COMMANDS = {
     DrivingCommand.LANE_FOLLOW: fmt.Command.FOLLOW,
     DrivingCommand.LEFT: fmt.Command.LEFT,
@@ -79,6 +81,17 @@ class RouteInput:
     refused: bool = False
 
 
+def _check_default_command(value: str) -> None:
+    if value and value not in {c.value for c in fmt.Command}:
+        raise ValueError(f"default_command {value!r} is not '' or one of {', '.join(c.value for c in fmt.Command)}")
+
+
+def _qos_text(qos) -> str:
+    if qos is None:
+        return "unknown"
+    return f"{qos.reliability.name.lower()}, {qos.durability.name.lower()}, depth {qos.depth}"
+
+
 def _seconds(stamp) -> float:
     return stamp.sec + stamp.nanosec * 1e-9
 
@@ -102,6 +115,8 @@ class PlannerNode(LifecycleNode):
         self._odom_frame_id = ""  # header.frame_id of the latest odometry
         self._route_state = "none"  # for the diagnostics: none | used | refused: ... | error: ...
         self._plan_route = ""  # the last plan's stats.route
+        self._qos_problems: dict[str, str] = {}  # topic -> the QoS policy its publisher offers incompatibly
+        self._default_in_use = False  # the last cycle planned with default_command
         self._last_path_odom: np.ndarray | None = None
         self._last_image_stamp = -np.inf
         self._worker: threading.Thread | None = None
@@ -120,6 +135,7 @@ class PlannerNode(LifecycleNode):
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
             self._image_qos()
+            _check_default_command(self._param("default_command"))
         except ValueError as exc:
             self._fail(str(exc))
             return TransitionCallbackReturn.FAILURE
@@ -151,19 +167,44 @@ class PlannerNode(LifecycleNode):
         image_qos = self._image_qos()
         # The executor runs ready callbacks in the order their subscriptions were made: the command and odometry of
         # an instant, arriving with its image, are taken in before the image wakes the inference thread.
-        self.create_subscription(DrivingCommand, "~/input/command", self._on_command, command_qos)
-        self.create_subscription(Odometry, "~/input/odometry", self._on_odometry, 20)
-        self.create_subscription(CameraInfo, "~/input/camera_info", self._on_camera_info, qos_profile_sensor_data)
+        sub = self._subscribe
+        sub(DrivingCommand, "~/input/command", self._on_command, command_qos)
+        sub(Odometry, "~/input/odometry", self._on_odometry, 20)
+        sub(CameraInfo, "~/input/camera_info", self._on_camera_info, qos_profile_sensor_data)
         if self._param("compressed"):
-            self.create_subscription(CompressedImage, "~/input/image/compressed", self._on_compressed, image_qos)
+            sub(CompressedImage, "~/input/image/compressed", self._on_compressed, image_qos)
         else:
-            self.create_subscription(Image, "~/input/image", self._on_image, image_qos)
-        self.create_subscription(String, "~/input/question", self._on_question, 10)
-        self.create_subscription(Path, "~/input/route", self._on_route, command_qos)
+            sub(Image, "~/input/image", self._on_image, image_qos)
+        sub(String, "~/input/question", self._on_question, 10)
+        sub(Path, "~/input/route", self._on_route, command_qos)
         self._setup_blackbox(command_qos)
         self._status = (DiagnosticStatus.OK, f"configured: {self.planner.bundle.source}")
         self.get_logger().info(f"model {self.planner.bundle.source} loaded; settings {self.planner.settings}")
         return TransitionCallbackReturn.SUCCESS
+
+    def _subscribe(self, msg_type, topic: str, callback, qos) -> None:
+        """A subscription whose publishers with incompatible QoS are reported (``_on_incompatible_qos``)."""
+        name = self.resolve_topic_name(topic)
+        events = SubscriptionEventCallbacks(incompatible_qos=lambda info: self._on_incompatible_qos(name, info))
+        self.create_subscription(msg_type, topic, callback, qos, event_callbacks=events)
+
+    def _on_incompatible_qos(self, topic: str, info) -> None:
+        """A publisher on ``topic`` offers QoS this subscription cannot match: reported once per topic and policy in
+        the log and, until the node is reconfigured, in the diagnostics; nothing from it arrives."""
+        kind = info.last_policy_kind
+        policy = str(getattr(kind, "name", kind)).removeprefix("RMW_QOS_POLICY_")
+        with self._lock:
+            known = self._qos_problems.get(topic) == policy
+            self._qos_problems[topic] = policy
+        if not known:
+            self.get_logger().warning(f"a publisher on {topic} has an incompatible {policy} QoS policy: its messages "
+                                      f"never arrive (this subscription: {_qos_text(self._subscription_qos(topic))})")
+
+    def _subscription_qos(self, topic: str):
+        for s in self.subscriptions:
+            if s.topic_name == topic:
+                return s.qos_profile
+        return None
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self.slot.reopen()
@@ -272,6 +313,12 @@ class PlannerNode(LifecycleNode):
                 "float16": torch.float16}[self._param("dtype")]
 
     def _on_parameters(self, params) -> SetParametersResult:
+        for p in params:
+            if p.name == "default_command":
+                try:
+                    _check_default_command(p.value)
+                except ValueError as exc:
+                    return SetParametersResult(successful=False, reason=str(exc))
         changed = {p.name: p.value for p in params if p.name in DECODE_PARAMS}
         if not changed or self.planner is None:
             return SetParametersResult(successful=True)
@@ -393,8 +440,12 @@ class PlannerNode(LifecycleNode):
         odom = self._odometry.at(frame.stamp, self._param("odometry_wait_ms") / 1e3)  # the frame's own instant
         with self._lock:
             command = self._command
-        reason = check_inputs(frame.stamp, self._now(), odom[0] if odom else None,
-                              command[0] if command else None, limits)
+        now = self._now()
+        self._default_in_use = default_command_due(command, now, limits.command_timeout_s,
+                                                   self._param("default_command"))
+        if self._default_in_use:
+            command = (now, fmt.Command(self._param("default_command")))
+        reason = check_inputs(frame.stamp, now, odom[0] if odom else None, command[0] if command else None, limits)
         if reason is not None:
             self.counters.skip(reason)
             self.get_logger().warning(f"cycle skipped: {reason}", throttle_duration_sec=2.0)
@@ -467,7 +518,7 @@ class PlannerNode(LifecycleNode):
 
     def _publish(self, frame: Frame, plan: Plan, pose, fallback: bool) -> None:
         stamp = frame.header.stamp
-        odom_frame = "odom"
+        odom_frame = self._odom_frame_id or DEFAULT_ODOM_FRAME  # the odometry's own frame (map, odom, ...)
         waypoints_odom = conv.waypoints_to_odom(plan.waypoints, pose)
         if plan.valid:
             with self._lock:
@@ -520,6 +571,11 @@ class PlannerNode(LifecycleNode):
             route, values["route"] = self._route, self._route_state
         values["route_age_s"] = round(now - route.stamp, 3) if route else "none"
         values["route_in_prompt"] = self._plan_route or "none"  # the last plan's: used | missing | unused
+        values["command_source"] = (f"default_command ({self._param('default_command')})" if self._default_in_use
+                                    else "~/input/command")
+        with self._lock:
+            problems = dict(self._qos_problems)
+        values["qos_incompatible"] = "; ".join(f"{t}: {p}" for t, p in sorted(problems.items())) or "none"
         status = DiagnosticStatus(level=level, name=f"{NODE_NAME}: planner", message=message,
                                   hardware_id=NODE_NAME,
                                   values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])

@@ -69,6 +69,8 @@ def parameters() -> tuple[Param, ...]:
               0.0, 10000.0),
         Param("odometry_wait_ms", 50.0, "how long a frame waits for odometry stamped at or after it", 0.0, 1000.0),
         Param("command_timeout_s", 10.0, "a navigation command older than this is stale", 0.0, 3600.0),
+        Param("default_command", "", "plan with this command (follow | left | right | straight) while no fresh one "
+              "has arrived on ~/input/command; '' = skip the cycle"),
         Param("deadline_ms", 1000.0, "a plan later than this after its image stamp is replaced by the fallback",
               1.0, 60000.0),
         Param("fallback_decel", 2.0, "deceleration of the fallback stop, m/s^2", 0.5, 8.0),
