@@ -306,6 +306,7 @@ def test_device_script_parses_and_names_its_fallback():
     assert "PYTHONUNBUFFERED=1" in text and "gpu_bench.json" in text and "gpu_bench.md" in text
     assert "--attention sdpa" in text and "fall" in text.lower()  # SDPA + CUDA Graph when FlashInfer cannot load
     assert "build/gpu_carry" in text
+    assert "wamdiff_ros.bench plan --model random-2b --device cuda --dtype bfloat16" in text  # Planner.plan, 2B
 
 
 # -- GPU only --------------------------------------------------------------------------------------------------------

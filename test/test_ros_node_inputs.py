@@ -50,3 +50,8 @@ def test_a_command_publisher_with_default_qos_is_reported(running):
     assert text.count(f"a publisher on {topic} has an incompatible DURABILITY QoS policy") == 1
     assert "reliable, transient_local, depth 1" in text
     h.node.destroy_publisher(volatile)
+
+
+def test_diagnostics_report_the_decode_path(running):
+    h, _ = running
+    assert diagnostics_values(h)["decode_path"] == "attention sdpa, cuda_graph off (cpu), grammar in the step"

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.decoding.attention import CHOICES as ATTENTION_CHOICES
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.decoding.unmask import SCHEDULES
 from wamdiff_ros.errors import WamDiffError
@@ -38,6 +39,11 @@ def add_decode_settings_args(parser: argparse.ArgumentParser) -> None:
                         f"{DecodeSettings().threshold:g})")
     parser.add_argument("--schedule", choices=SCHEDULES, default=None)
     parser.add_argument("--no-constraint", action="store_true", help="do not constrain the plan to its grammar")
+    parser.add_argument("--attention", choices=ATTENTION_CHOICES, default=None,
+                        help="decode attention (default auto: FlashInfer where it can run, else SDPA)")
+    parser.add_argument("--no-cuda-graph", action="store_true", help="on a GPU, run the decode steps eagerly")
+    parser.add_argument("--strict-attention", action="store_true",
+                        help="a requested attention backend that cannot run is an error, not a fallback to SDPA")
 
 
 def decode_overrides(args: argparse.Namespace) -> dict:
@@ -46,6 +52,12 @@ def decode_overrides(args: argparse.Namespace) -> dict:
     out = {k: v for k in ("block_size", "steps", "threshold", "schedule") if (v := getattr(args, k)) is not None}
     if args.no_constraint:
         out["constrain"] = False
+    if args.attention is not None:
+        out["attention"] = args.attention
+    if args.no_cuda_graph:
+        out["cuda_graph"] = False
+    if args.strict_attention:
+        out["strict_attention"] = True
     return out
 
 
@@ -103,7 +115,7 @@ def plan_main(argv: list[str] | None = None) -> int:
     else:
         s = plan.stats
         print(f"model {planner.bundle.source}  mode {s.mode}  B={s.block_size}  route {s.route}  "
-              f"valid={plan.valid} {plan.reason}")
+              f"valid={plan.valid} {plan.reason}\n  decode path: {planner.backend}")
         for i, ((x, y), c) in enumerate(zip(plan.waypoints, plan.waypoint_confidence)):
             print(f"  t={0.5 * (i + 1):.1f}s  x={x:7.2f} m  y={y:7.2f} m  confidence {c:.2f}")
         print(f"  {s.new_tokens} tokens, {s.forward_calls} forward calls, {s.denoise_steps} denoising steps; "

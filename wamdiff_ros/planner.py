@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,13 +13,17 @@ import torch
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.constraint import WaypointConstraint
+from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.generate import Generation, generate
+from wamdiff_ros.decoding.grammar_mask import grammar_mask
+from wamdiff_ros.decoding.graphs import GraphRunner
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import CommandError, EgoStateError, ImageError, InputError, RouteError
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.model import ModelBundle, load
 from wamdiff_ros.model_names import DEFAULT_MODEL
 
+MIN_CACHE = 1024  # the decode engine's first KV capacity (tokens); a longer prompt rebuilds it larger
 MIN_IMAGE_SIDE = 32
 MAX_ASPECT = 100
 log = logging.getLogger(__name__)
@@ -142,6 +147,7 @@ class Planner:
         self.bundle = bundle
         self.settings = settings
         self._warned_no_route = False
+        self.decode_mode = "auto"  # the checkpoint's convention; "ar" | "block" decode it the other way (benchmarks)
         vocab = bundle.model.get_output_embeddings().weight.shape[0]
         self._constraint = (
             WaypointConstraint(bundle.tokenizer, bundle.eos_token_id, settings.max_new_tokens, vocab,
@@ -149,6 +155,46 @@ class Planner:
             if settings.constrain
             else None
         )
+        # the grammar inside the decode step where it is per-position (fixed width); else the host constraint
+        self._grammar = None if self._constraint is None else grammar_mask(
+            self._constraint, bundle.tokenizer, bundle.eos_token_id, vocab, bundle.device)
+        self._runner: GraphRunner | None = None
+        self._decoding = threading.Lock()  # one decode engine: calls from several threads take turns
+        self._runner_for(MIN_CACHE)  # a backend that cannot run (strict_attention) refuses here
+
+    @property
+    def backend(self) -> str:
+        """The decode path, as the node's diagnostics report it: ``attention sdpa, cuda_graph off (cpu)``."""
+        runner = self._runner
+        on = runner.use_graphs
+        why = "" if on else " (cpu)" if runner.engine.device.type == "cpu" else " (cuda_graph false)"
+        grammar = "" if self._constraint is None else ", grammar in the step" if self._grammar is not None \
+            else ", grammar on the host"
+        return f"attention {runner.engine.attention.name}, cuda_graph {'on' if on else 'off'}{why}{grammar}"
+
+    @property
+    def attention_reason(self) -> str:
+        return self._runner.engine.attention_reason
+
+    def _runner_for(self, needed: int) -> GraphRunner:
+        """The decode engine and its graph runner, rebuilt (and its graphs captured again) when a plan needs a
+        longer cache than it has."""
+        runner = self._runner
+        if runner is not None and needed <= runner.engine.capacity:
+            return runner
+        s, device = self.settings, self.bundle.device
+        capacity = max(needed, MIN_CACHE, 2 * runner.engine.capacity if runner is not None else 0)
+        attention = "sdpa" if device.type != "cuda" and s.attention == "auto" else s.attention  # cpu: no FlashInfer
+        engine = DecoderEngine(self.bundle.model, capacity, attention, strict=s.strict_attention)
+        graphs = device.type == "cuda" and s.cuda_graph
+        runner = GraphRunner(engine, self.bundle.mask_token_id, max_block=max(s.block_size, 1),
+                             check_every=2 if graphs else 1, use_graphs=graphs)
+        if graphs:
+            for grammar in ((None, self._grammar) if self._grammar is not None else (None,)):
+                runner.set_grammar(grammar)
+                runner.capture((s.block_size,), (s.schedule,))
+        self._runner = runner
+        return runner
 
     @classmethod
     def from_pretrained(
@@ -163,6 +209,9 @@ class Planner:
         max_new_tokens: int | None = None,
         constrain: bool = True,
         mask_token_id: int | None = None,
+        attention: str | None = None,
+        cuda_graph: bool | None = None,
+        strict_attention: bool = False,
     ) -> Planner:
         """``path``: a checkpoint folder (this package's, WAM-Diff2's or Qwen3-VL's layout: ``model.load``), a
         packaged model's name (default ``wamdiff-tiny``) or "tiny-random". ``dtype`` None: float32 on the CPU, the
@@ -177,12 +226,19 @@ class Planner:
             schedule=schedule if schedule is not None else defaults.schedule,
             max_new_tokens=max_new_tokens if max_new_tokens is not None else defaults.max_new_tokens,
             constrain=constrain,
+            attention=attention if attention is not None else defaults.attention,
+            cuda_graph=cuda_graph if cuda_graph is not None else defaults.cuda_graph,
+            strict_attention=strict_attention,
         )
         return cls(bundle, settings)
 
     def _run(self, user_text: str, image: np.ndarray, constraint: WaypointConstraint | None) -> tuple[str, Generation]:
         prompt = encode_prompt(self.bundle, user_text, image)
-        generation = generate(self.bundle, prompt, self.settings, constraint)
+        s = self.settings
+        with self._decoding:
+            runner = self._runner_for(prompt.length + s.max_new_tokens + s.block_size)
+            generation = generate(self.bundle, prompt, s, constraint, mode=self.decode_mode, runner=runner,
+                                  grammar=self._grammar if constraint is not None else None)
         tokens = [t for t in generation.result.tokens if t != self.bundle.eos_token_id]
         return self.bundle.tokenizer.decode(tokens, skip_special_tokens=False), generation
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared device check of issue 8 (GPU fast path), run from the repository root on the lent H200:
+# The one prepared device check of the GPU fast path, run from the repository root on a lent GPU machine:
 #
 #   bash tools/gpu_bundle/device_check.sh          # results in $OUT (the device tool's folder), else out/device_check
 #
@@ -17,6 +17,8 @@
 #      sm_90a (JIT-builds it with the machine's nvcc only if that fails; cached for step 3), checks it against SDPA
 #   3. wamdiff-bench gpu (Qwen3-VL-2B dimensions, random bf16 weights): --attention flashinfer if step 2 passed,
 #      else the fallback, --attention sdpa (SDPA + CUDA Graph), with the reason in the JSON (attention.note)
+#   4. wamdiff-bench plan --model random-2b: Planner.plan end to end (AR and block, the plan grammar on), merged
+#      into gpu_bench.json under "plan"
 # Outputs in $OUT: gpu_bench.json (written as it goes; "complete": true at the end), gpu_bench.md,
 # device_check.log, flashinfer_probe.json (when probed).
 # Knobs (environment): BUDGET_S, BENCH_RESERVE_S (default 100: the probe gets the rest), RUNS (6), PY (python3),
@@ -78,7 +80,23 @@ EOF
   timeout -k 5 "$bench_s" "$PY" -m wamdiff_ros.bench gpu --attention "$attn" --note "$note" --runs "$RUNS" \
     --json "$OUT/gpu_bench.json" --md "$OUT/gpu_bench.md" $BENCH_ARGS
   local rc=$?
-  echo "== done: benchmark rc $rc, ${SECONDS} s in all"
+  local plan_s=$(($(left) - 5)) plan_rc=124
+  echo "== 4. Planner.plan end to end at 2B dimensions, bf16, AR vs block (timeout ${plan_s} s)"
+  if [ "$plan_s" -ge 30 ]; then
+    timeout -k 5 "$plan_s" "$PY" -m wamdiff_ros.bench plan --model random-2b --device cuda --dtype bfloat16 \
+      --runs "$RUNS" --json "$OUT/plan_bench.json"
+    plan_rc=$?
+    # one JSON: the plan figures join the per-forward ones
+    "$PY" - "$OUT/gpu_bench.json" "$OUT/plan_bench.json" <<'EOF' || true
+import json, pathlib, sys
+bench, plan = (pathlib.Path(p) for p in sys.argv[1:])
+if bench.is_file() and plan.is_file():
+    data = json.loads(bench.read_text())
+    data["plan"] = json.loads(plan.read_text())
+    bench.write_text(json.dumps(data, indent=1) + "\n")
+EOF
+  fi
+  echo "== done: benchmark rc $rc, plan rc $plan_rc, ${SECONDS} s in all"
   return $rc
 }
 

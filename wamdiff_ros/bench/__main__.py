@@ -1,11 +1,11 @@
-"""``wamdiff-bench <benchmark> [args]``: decode, node, render, gpu; fixture writes checkpoint folders in real layouts."""
+"""``wamdiff-bench <benchmark> [args]``: decode, plan, node, render, gpu; fixture writes checkpoint folders in real layouts."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-BENCHMARKS = ("decode", "node", "render", "gpu", "fixture")
+BENCHMARKS = ("decode", "plan", "node", "render", "gpu", "fixture")
 
 
 def main(argv: list[str] | None = None) -> int:

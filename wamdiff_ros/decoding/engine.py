@@ -116,6 +116,7 @@ class DecoderEngine:
             kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, dtype=self.dtype, device=self.device,
             strict=strict,
         )
+        self._planned = self.graph_attention  # the backend the last ``plan`` prepared
         self._cache_kwarg = _cache_kwarg(type(model))
         self._fused = fused_layers(self.layers, self.device, self.dtype)
 
@@ -195,17 +196,21 @@ class DecoderEngine:
         return logits
 
     # -- response tokens, graph-safe --------------------------------------------------------------------------------
-    def plan(self, n_query: int, n_clean: int = 0) -> None:
+    def plan(self, n_query: int, n_clean: int = 0, eager: bool = False) -> None:
         """Host side, once per block: queries at ``[length, length + n_query)`` (positions buffer on the device)
-        and the graph-safe attention's metadata. ``run_planned`` may then be replayed any number of times."""
+        and the graph-safe attention's metadata. ``run_planned`` may then be replayed any number of times.
+        ``eager``: plan the eager backend instead (no graph is captured: the CPU), so the planned forward computes
+        exactly what ``forward`` does."""
         self._check_fits(n_query)
         self.positions[:n_query].copy_(self._arange[:n_query] + self.length)
-        self.graph_attention.plan(self.length, n_query, n_clean)
+        self._planned = self.attention if eager else self.graph_attention
+        self._planned.plan(self.length, n_query, n_clean)
 
     def run_planned(self, tokens: torch.Tensor, n_clean: int = 0) -> torch.Tensor:
-        """The planned forward (graph-safe: fixed shapes, device buffers only); logits of all but the first
-        ``n_clean`` tokens. Does not touch ``length`` or ``forward_calls``: the caller accounts for them."""
-        return self._layers(tokens, self.positions[: tokens.shape[0]], n_clean, self.graph_attention)
+        """The planned forward (graph-safe unless planned ``eager``: fixed shapes, device buffers only); logits of all
+        but the first ``n_clean`` tokens. Does not touch ``length`` or ``forward_calls``: the caller accounts for
+        them."""
+        return self._layers(tokens, self.positions[: tokens.shape[0]], n_clean, self._planned)
 
     def _check_fits(self, n: int) -> None:
         if self.length + n > self.capacity:

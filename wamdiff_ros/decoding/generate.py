@@ -1,8 +1,9 @@
 """One entry point: prompt tensors + settings -> answer tokens, with per-stage timings.
 
 ``attention`` names the engine's attention backend (``attention.py``); a ``GraphRunner`` (``graphs.py``) brings its
-own engine and captured graphs, reused across calls, and decodes on them unless a constraint or a step trace asks
-for the host-side loop.
+own engine and captured graphs, reused across calls. Block decoding runs on the runner (the graph path; eagerly on
+the CPU) unless a step trace is asked for, or a constraint comes without its per-position ``grammar`` mask
+(WAM-Diff2's free width): then the host loop. Constrained AR decoding is the host loop too.
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ def generate(
     on_step: Callable[[StepTrace], None] | None = None,
     attention: str = "sdpa",
     runner: GraphRunner | None = None,
+    grammar: torch.Tensor | None = None,
 ) -> Generation:
+    """``grammar``: ``constraint`` as a per-position allowed-token mask (``grammar_mask.grammar_mask``), which lets
+    a constrained plan decode on the runner."""
     mode = resolve_mode(bundle, settings, mode)
     model, device = bundle.model, bundle.device
     t0 = time.perf_counter()
@@ -79,12 +83,14 @@ def generate(
     first_logits = engine.prefill(prompt, bundle.meta.prompt_block_size)
     _sync(device)
     t2 = time.perf_counter()
-    graphed = runner is not None and constraint is None
-    if mode == "ar" and graphed and runner.ar_supported:
+    on_runner = runner is not None and on_step is None and (constraint is None or grammar is not None)
+    if on_runner:
+        runner.set_grammar(grammar if constraint is not None else None)
+    if mode == "ar" and on_runner and constraint is None and runner.use_graphs and runner.ar_supported:
         result = decode_ar_graphed(runner, first_logits, settings.max_new_tokens, bundle.eos_token_id, ignore_eos)
     elif mode == "ar":
         result = decode_ar(engine, first_logits, settings.max_new_tokens, bundle.eos_token_id, constraint, ignore_eos)
-    elif graphed and on_step is None:
+    elif on_runner:
         result = decode_blocks_graphed(runner, settings, bundle.eos_token_id, ignore_eos)
     else:
         result = decode_blocks(

@@ -8,10 +8,12 @@ host asks "any mask left?" only every ``check_every`` steps (a step with nothing
 only costs its forward, which is counted). The AR graph feeds its own greedy token back and advances the positions
 in place, so a whole answer is N replays with no host work in between.
 
-Same decisions as ``block.decode_blocks`` / ``ar.decode_ar`` (unconstrained): the static schedule's top-k is taken
-as "fewer than k masked positions rank above" (ties: lower index first), the threshold rule is ``unmask.py``'s
-effective-threshold rule. Shapes that were not captured (a short last
-block), and everything on a machine without CUDA, run the very same step functions eagerly.
+Same decisions as ``block.decode_blocks`` / ``ar.decode_ar``: the unmask rules are ``unmask.py``'s, and the plan
+grammar, where it is a product of per-position sets (``grammar_mask.py``), is an allowed-token mask applied to the
+logits inside the step (``set_grammar``; the block's rows are copied into a static buffer once per block). Shapes that
+were not captured (a short last block), and everything on a machine without CUDA, run the very same step functions
+eagerly, the attention then planned on the engine's eager backend: on the CPU this path computes what the host loop
+does, token for token.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
-from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step
+from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step, unmask_top_k
 
 WARMUP_RUNS = 2  # eager runs on a side stream before capture: lazy initialisation stays out of the graph
 
@@ -53,8 +55,9 @@ class GraphRunner:
         self._k = torch.zeros(max_block + WARMUP_RUNS + 1, dtype=torch.long, device=dev)  # static: tokens per step
         self._step_index = torch.zeros(1, dtype=torch.long, device=dev)
         self._threshold = torch.tensor(0.9, dtype=torch.float32, device=dev)
-        self._index = torch.arange(max_block, device=dev)
         self._no_mask = torch.tensor([mask_id], device=dev)
+        self._grammar: torch.Tensor | None = None  # (answer positions, V) bool, ``set_grammar``
+        self._allowed: torch.Tensor | None = None  # (max_block, V) bool: the current block's rows
         self._schedules: dict[tuple[int, int], torch.Tensor] = {}
         self._ar_token = torch.zeros(1, dtype=torch.long, device=dev)
         self._ar_index = torch.zeros(1, dtype=torch.long, device=dev)
@@ -66,6 +69,19 @@ class GraphRunner:
     @property
     def captured(self) -> list[tuple]:
         return sorted(self._graphs, key=str)
+
+    @property
+    def constrained(self) -> bool:
+        return self._grammar is not None
+
+    def set_grammar(self, mask: torch.Tensor | None) -> None:
+        """The plan grammar as a per-position allowed-token mask (``grammar_mask.grammar_mask``), or None to decode
+        unconstrained; graphs are captured per setting."""
+        if mask is not None:
+            mask = mask.to(self.engine.device)
+            if self._allowed is None or self._allowed.shape[1] != mask.shape[1]:
+                self._allowed = torch.ones(self.max_block, mask.shape[1], dtype=torch.bool, device=self.engine.device)
+        self._grammar = mask
 
     @property
     def ar_supported(self) -> bool:
@@ -95,7 +111,7 @@ class GraphRunner:
                 for n_clean in (0, n):
                     engine.plan(n + n_clean, n_clean)
                     self._reset_block(n, schedule, n)
-                    self._graphs[(n, n_clean, schedule)] = self._capture(
+                    self._graphs[(n, n_clean, schedule, self.constrained)] = self._capture(
                         lambda n=n, c=n_clean, s=schedule: self._step(n, c, s))
         if ar:
             if not self.ar_supported:
@@ -130,12 +146,13 @@ class GraphRunner:
         block, masked = self._block[:n], self._masked[:n]
         tokens = torch.cat([self._clean[:n_clean], block]) if n_clean else block
         logits = self.engine.run_planned(tokens, n_clean)
-        p, pred = torch.softmax(logits.index_fill(-1, self._no_mask, float("-inf")).float(), dim=-1).max(-1)
+        scores = logits.index_fill(-1, self._no_mask, float("-inf"))
+        if self.constrained:
+            scores = scores.masked_fill(~self._allowed[:n], float("-inf"))
+        p, pred = torch.softmax(scores.float(), dim=-1).max(-1)
         conf = p.masked_fill(~masked, -1.0)
         if schedule == "static":
-            idx = self._index[:n]
-            ahead = (conf[None, :] > conf[:, None]) | ((conf[None, :] == conf[:, None]) & (idx[None, :] < idx[:, None]))
-            select = masked & (ahead.sum(-1) < self._k.index_select(0, self._step_index))
+            select = unmask_top_k(p, masked, self._k.index_select(0, self._step_index))
         else:
             select = masked & (conf >= torch.minimum(conf.max(), self._threshold))
         block.copy_(torch.where(select, pred, block))
@@ -159,9 +176,11 @@ class GraphRunner:
             self._k[: ks.shape[0]].copy_(ks)
 
     # -- one block ----------------------------------------------------------------------------------------------------
-    def run_block(self, n: int, n_clean: int, settings: DecodeSettings) -> int:
+    def run_block(self, n: int, n_clean: int, settings: DecodeSettings, offset: int = 0) -> int:
         """Denoise one block of ``n`` masks after a prefill or a finished block of ``n_clean`` tokens (committed by
-        the first step); returns the steps run. The result is read with ``block_result``."""
+        the first step), ``offset`` answer tokens in; returns the steps run. The result is read with
+        ``block_result``. The host looks at the block every ``check_every`` steps ("any mask left?"): the one host
+        sync a step may have."""
         engine = self.engine
         if n > self.max_block:
             raise ValueError(f"block of {n} exceeds the runner's max_block {self.max_block}")
@@ -170,16 +189,19 @@ class GraphRunner:
         schedule = settings.schedule
         total = len(tokens_per_step(n, settings.steps)) if schedule == "static" else settings.steps
         self._reset_block(n, schedule, settings.steps)
-        engine.plan(n + n_clean, n_clean)
-        self._run((n, n_clean, schedule), lambda: self._step(n, n_clean, schedule))
+        if self.constrained:
+            self._allowed[:n].copy_(self._grammar[offset:offset + n])
+        eager = not self.use_graphs
+        engine.plan(n + n_clean, n_clean, eager=eager)
+        self._run((n, n_clean, schedule, self.constrained), lambda: self._step(n, n_clean, schedule))
         engine.length += n_clean  # the clean block is committed
         steps = 1
         if steps < total:
-            engine.plan(n)
+            engine.plan(n, eager=eager)
         while steps < total:
             if schedule != "static" and steps % self.check_every == 0 and not bool(self._masked[:n].any()):
                 break
-            self._run((n, 0, schedule), lambda: self._step(n, 0, schedule))
+            self._run((n, 0, schedule, self.constrained), lambda: self._step(n, 0, schedule))
             steps += 1
         engine.forward_calls += steps
         return steps
@@ -202,7 +224,7 @@ class GraphRunner:
             self._clean[:c].copy_(clean)
         self._reset_block(n, schedule, n)
         self.engine.plan(n + c, c)
-        logits = self._run((n, c, schedule), lambda: self._step(n, c, schedule)).clone()
+        logits = self._run((n, c, schedule, self.constrained), lambda: self._step(n, c, schedule)).clone()
         self.engine.length += c
         return logits
 
@@ -232,8 +254,9 @@ class GraphRunner:
 @torch.inference_mode()
 def decode_blocks_graphed(runner: GraphRunner, settings: DecodeSettings, eos_id: int,
                           ignore_eos: bool = False) -> DecodeResult:
-    """``block.decode_blocks`` without a constraint or tracing, on the runner's graphs: one host sync per block
-    (the EOS check; none with ``ignore_eos``) and one at the end."""
+    """``block.decode_blocks`` on the runner's graphs, constrained by the runner's grammar mask if it has one
+    (``set_grammar``): one host sync per block (the EOS check; none with ``ignore_eos``), one every ``check_every``
+    steps under the threshold rule, and one at the end."""
     engine = runner.engine
     runner._threshold.fill_(settings.threshold)
     calls_before = engine.forward_calls
@@ -241,7 +264,7 @@ def decode_blocks_graphed(runner: GraphRunner, settings: DecodeSettings, eos_id:
     produced, pending = 0, 0
     while produced < settings.max_new_tokens:
         n = min(settings.block_size, settings.max_new_tokens - produced)
-        steps_per_block.append(runner.run_block(n, pending, settings))
+        steps_per_block.append(runner.run_block(n, pending, settings, produced))
         block, conf = runner.block_result(n)
         blocks.append(block)
         confs.append(conf)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wamdiff_ros.decoding.attention import CHOICES as ATTENTION_CHOICES
 from wamdiff_ros.decoding.unmask import SCHEDULES
 from wamdiff_ros.errors import DecodeSettingsError
 
@@ -16,6 +17,9 @@ class DecodeSettings:
     schedule: str = "threshold"  # "static": ceil(B / T) tokens per step (the like-for-like benchmark)
     max_new_tokens: int = 128
     constrain: bool = True  # the planning grammar constraint (plan task only)
+    attention: str = "auto"  # auto (FlashInfer where it can run, else SDPA) | sdpa | flashinfer
+    cuda_graph: bool = True  # on a GPU, the decode steps as captured CUDA Graphs
+    strict_attention: bool = False  # a requested backend that cannot run is an error, not a fallback
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -26,6 +30,8 @@ class DecodeSettings:
             raise DecodeSettingsError(f"threshold {self.threshold} must be in (0, 1]")
         if self.schedule not in SCHEDULES:
             raise DecodeSettingsError(f"schedule {self.schedule!r} is not one of {SCHEDULES}")
+        if self.attention not in ATTENTION_CHOICES:
+            raise DecodeSettingsError(f"attention {self.attention!r} is not one of {ATTENTION_CHOICES}")
         if self.max_new_tokens < 1:
             raise DecodeSettingsError(f"max_new_tokens {self.max_new_tokens} must be >= 1")
 

@@ -30,14 +30,13 @@ def tokens_at_step(block_len: int, steps: int, step: int) -> int:
     return base + (1 if min(step, steps - 1) < extra else 0)
 
 
-def unmask_top_k(confidence: torch.Tensor, masked: torch.Tensor, k: int) -> torch.Tensor:
-    """Fix the ``k`` most confident masked positions (all of them when fewer remain)."""
+def unmask_top_k(confidence: torch.Tensor, masked: torch.Tensor, k: int | torch.Tensor) -> torch.Tensor:
+    """Fix the ``k`` most confident masked positions (all of them when fewer remain); ties go to the lower index.
+    Vectorised as "fewer than k masked positions rank above": no host sync, the same rule inside a CUDA Graph."""
     conf = confidence.masked_fill(~masked, -1.0)
-    k = min(k, int(masked.sum()))
-    chosen = torch.zeros_like(masked)
-    if k > 0:
-        chosen[conf.topk(k).indices] = True
-    return chosen & masked
+    index = torch.arange(conf.shape[0], device=conf.device)
+    ahead = (conf[None, :] > conf[:, None]) | ((conf[None, :] == conf[:, None]) & (index[None, :] < index[:, None]))
+    return masked & (ahead.sum(-1) < k)
 
 
 def unmask_step(schedule: str, confidence: torch.Tensor, masked: torch.Tensor, threshold: float, step: int,

@@ -32,6 +32,7 @@ from std_msgs.msg import String
 from visualization_msgs.msg import MarkerArray
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.decoding.attention import AttentionUnavailable
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import WamDiffError
 from wamdiff_ros.msg import DrivingCommand, PlannerOutput
@@ -150,7 +151,7 @@ class PlannerNode(LifecycleNode):
                 mask_token_id=None if self._param("mask_token_id") < 0 else self._param("mask_token_id"),
                 **{k: self._param(k) for k in DECODE_PARAMS},
             )
-        except (WamDiffError, OSError, ValueError) as exc:
+        except (WamDiffError, OSError, ValueError, AttentionUnavailable) as exc:
             self._fail(f"model not loaded: {exc}")
             return TransitionCallbackReturn.FAILURE
         if self.planner.bundle.meta.route_points:
@@ -326,7 +327,7 @@ class PlannerNode(LifecycleNode):
         try:
             settings = DecodeSettings(**{**current, **changed})
             planner = Planner(self.planner.bundle, settings)
-        except (WamDiffError, ValueError, TypeError) as exc:
+        except (WamDiffError, ValueError, TypeError, AttentionUnavailable) as exc:
             return SetParametersResult(successful=False, reason=str(exc))
         self.planner = planner  # the worker picks it up on its next cycle
         self.get_logger().info(f"decode settings now {settings}")
@@ -561,6 +562,7 @@ class PlannerNode(LifecycleNode):
             values[f"{name}_p50_ms"] = round(1e3 * window.percentile(50), 3)
             values[f"{name}_p99_ms"] = round(1e3 * window.percentile(99), 3)
         values["model"] = self.planner.bundle.source if self.planner else ""
+        values["decode_path"] = self.planner.backend if self.planner else ""
         odom = self._odometry.newest()
         with self._lock:
             command = self._command

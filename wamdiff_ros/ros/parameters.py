@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PARAMS_FILE = ROOT / "config" / "planner.yaml"
 README = ROOT / "README.md"
 TABLE_START, TABLE_END = "<!-- params:start -->", "<!-- params:end -->"
-DECODE_PARAMS = ("block_size", "steps", "threshold", "schedule", "max_new_tokens", "constrain")
+DECODE_PARAMS = ("block_size", "steps", "threshold", "schedule", "max_new_tokens", "constrain", "attention",
+                 "cuda_graph", "strict_attention")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,11 @@ def parameters() -> tuple[Param, ...]:
         Param("schedule", d.schedule, " | ".join(SCHEDULES)),
         Param("max_new_tokens", d.max_new_tokens, "answer token budget", 80, 1024),
         Param("constrain", d.constrain, "constrain plans to the waypoint grammar"),
+        Param("attention", d.attention, "decode attention: auto (FlashInfer where it can run, else SDPA) | sdpa | "
+              "flashinfer"),
+        Param("cuda_graph", d.cuda_graph, "on a GPU, the decode steps as captured CUDA Graphs"),
+        Param("strict_attention", d.strict_attention, "a requested attention backend that cannot run is an error "
+              "(configure fails), not a fallback to SDPA"),
         Param("compressed", False, "subscribe to ~/input/image/compressed instead of ~/input/image", read_only=True),
         Param("image_width", 0, "resize images to this width before planning (0 = as received)", 0, 8192),
         Param("image_height", 0, "resize images to this height before planning (0 = as received)", 0, 8192),
