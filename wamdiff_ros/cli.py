@@ -61,10 +61,24 @@ def decode_overrides(args: argparse.Namespace) -> dict:
     return out
 
 
+DTYPES = {"auto": None, "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def load_overrides(args: argparse.Namespace) -> dict:
+    """``add_decode_args``' model flags as ``Planner.from_pretrained`` keywords (with the decode settings')."""
+    import torch
+
+    dtype = DTYPES[args.dtype]
+    return {"device": args.device, "dtype": None if dtype is None else getattr(torch, dtype),
+            "mask_token_id": args.mask_token_id, **decode_overrides(args)}
+
+
 def add_decode_args(parser: argparse.ArgumentParser) -> None:
     """--model, --device and the decode settings' flags."""
     parser.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP + "; WAM-Diff2 and Qwen3-VL folders too")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
+                        help="weights' dtype (auto: float32 on the CPU, the checkpoint's own on a GPU)")
     parser.add_argument("--mask-token-id", type=int, default=None,
                         help="the [MASK] embedding row (default: the checkpoint's; WAM-Diff2's is 151671)")
     add_decode_settings_args(parser)
@@ -102,8 +116,7 @@ def plan_main(argv: list[str] | None = None) -> int:
     from wamdiff_ros.planner import EgoState, Planner
 
     try:
-        planner = Planner.from_pretrained(args.model, device=args.device, mask_token_id=args.mask_token_id,
-                                          **decode_overrides(args))
+        planner = Planner.from_pretrained(args.model, **load_overrides(args))
         image = load_rgb(args.image or sample_image_path())
         route = None if args.route is None else np.reshape(args.route, (2, 2))
         plan = planner.plan(image, EgoState(tuple(args.velocity), tuple(args.acceleration)), args.command, route=route)

@@ -486,13 +486,12 @@ def main(argv: list[str] | None = None) -> int:
                              max_payload_bytes=int(args.max_payload_mb * 2**20))
         import torch
 
-        from wamdiff_ros.cli import decode_overrides
+        from wamdiff_ros.cli import load_overrides
         from wamdiff_ros.planner import EgoState, Planner
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        planner = Planner.from_pretrained(args.model, device=args.device, mask_token_id=args.mask_token_id,
-                                          **decode_overrides(args))
+        planner = Planner.from_pretrained(args.model, **load_overrides(args))
         if not args.no_warmup:
             planner.plan(np.zeros((128, 256, 3), np.uint8), EgoState((0.0, 0.0)), "follow")
         server = PlannerServer(planner, config, model_name=str(args.model))
