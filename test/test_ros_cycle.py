@@ -146,3 +146,19 @@ def test_fallback_never_reverses_along_a_path_that_steps_back():
     wp = fallback_stop(10.0, path, (0.0, 0.0, 0.0), decel=2.0)
     assert np.all(np.diff(wp[:, 0]) >= -1e-6) and wp[-1, 0] > 20.0  # forward only, and it still follows the path
     assert np.all(np.abs(wp[:, 1] - np.interp(wp[:, 0], [0, 4, 9, 14, 19, 25, 30], [0, 0, .5, 1, 1.5, 2, 2.5])) < 0.1)
+
+
+def test_deadline_watch_answers_each_frame_once_newest_expired_first():
+    from wamdiff_ros.ros.cycle import DeadlineWatch
+
+    watch = DeadlineWatch()
+    for stamp in (1.0, 1.1, 1.2, 1.3):
+        watch.add(stamp, f"frame {stamp}")
+    assert watch.expired(1.25, 0.3) is None  # nothing older than 0.3 s yet
+    assert watch.expired(1.45, 0.3) == (1.1, "frame 1.1")  # the newest expired, and 1.0 with it
+    assert len(watch) == 2 and not watch.claim(1.1)  # its plan, finishing now, stands down
+    assert watch.claim(1.2) and len(watch) == 1  # a plan in time answers its frame
+    watch.drop(1.3)  # a skipped cycle: no answer owed
+    assert watch.expired(9.0, 0.3) is None and len(watch) == 0
+    watch.add(0.5, "frame after a reset")  # time went backwards: start over
+    assert watch.expired(0.9, 0.3) == (0.5, "frame after a reset")

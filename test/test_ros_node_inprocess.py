@@ -43,7 +43,10 @@ def test_a_model_error_becomes_a_flagged_fallback_and_the_node_goes_on(monkeypat
         assert out.fallback and not out.valid and "model error" in out.reason and "illegal memory" in out.reason
         assert len(out.waypoints_base_link) == 8
         monkeypatch.setattr(node.planner, "plan", real_plan)
-        node._cycle(frame)
+        later = node.get_clock().now().nanoseconds * 1e-9  # the next frame (a frame is answered once)
+        node._odometry.add(later, ((0.0, 0.0, 0.0), EgoState((5.0, 0.0))))
+        node._cycle(Frame(later, type("Header", (), {"stamp": node.get_clock().now().to_msg()})(),
+                          np.full((64, 128, 3), 80, np.uint8)))
         assert published[-1].valid and not published[-1].fallback and node.counters.fallback == 1
     finally:
         node._stop_worker()

@@ -130,6 +130,8 @@ class Counters:
     errors: int = 0
     resets: int = 0  # time went backwards (a looping bag, a restarted simulator)
     blackbox_files: int = 0
+    watchdog: int = 0  # fallbacks the watchdog published: no plan by the deadline (model slow or hung)
+    discarded: int = 0  # plans that finished after the watchdog had answered their frame: not published
     last_error: str = ""
     reasons: dict[str, int] = field(default_factory=dict)
 
@@ -166,6 +168,56 @@ def check_inputs(
     if now - command_stamp > limits.command_timeout_s:
         return f"stale command: {now - command_stamp:.1f} s old (limit {limits.command_timeout_s:.1f} s)"
     return None
+
+
+class DeadlineWatch(Generic[T]):
+    """The frames taken in and not yet answered, for a watchdog independent of the inference thread. Every answer
+    (a plan, or the watchdog's fallback) claims its frame and every older one: whoever claims first publishes, the
+    other side stands down. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: deque[tuple[float, T]] = deque()
+        self._answered = -float("inf")
+
+    def add(self, stamp: float, item: T) -> None:
+        with self._lock:
+            if stamp < self._answered:  # time went backwards (a looping bag): start over
+                self._pending.clear()
+                self._answered = -float("inf")
+            self._pending.append((stamp, item))
+
+    def drop(self, stamp: float) -> None:
+        """The frame will get no answer (a skipped cycle: missing or stale inputs, reported as such)."""
+        with self._lock:
+            self._pending = deque(p for p in self._pending if p[0] != stamp)
+
+    def claim(self, stamp: float) -> bool:
+        """True when the frame at ``stamp`` was not answered yet: the caller answers it (and every older frame)."""
+        with self._lock:
+            if stamp <= self._answered:
+                return False
+            self._answered = stamp
+            while self._pending and self._pending[0][0] <= stamp:
+                self._pending.popleft()
+            return True
+
+    def expired(self, now: float, deadline_s: float) -> tuple[float, T] | None:
+        """The newest pending frame older than ``deadline_s`` at ``now``, claimed (with every older one); None when
+        none is."""
+        with self._lock:
+            late = [p for p in self._pending if now - p[0] > deadline_s]
+            if not late:
+                return None
+            stamp, item = late[-1]
+            self._answered = stamp
+            while self._pending and self._pending[0][0] <= stamp:
+                self._pending.popleft()
+            return stamp, item
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pending)
 
 
 def default_command_due(command: tuple[float, object] | None, now: float, timeout_s: float, default: str) -> bool:

@@ -41,8 +41,8 @@ from wamdiff_ros.route_points import route_points_ahead
 from wamdiff_ros.ros import conversions as conv
 from wamdiff_ros.ros.outputs import planner_output_msg
 from wamdiff_ros.ros.parameters import DECODE_PARAMS, Param, parameters
-from wamdiff_ros.ros.cycle import (Counters, InputLimits, LatencyWindow, LatestSlot, StampedHistory, check_inputs,
-                                   default_command_due, fallback_stop)
+from wamdiff_ros.ros.cycle import (Counters, DeadlineWatch, InputLimits, LatencyWindow, LatestSlot, StampedHistory,
+                                   check_inputs, default_command_due, fallback_stop)
 
 NODE_NAME = "wamdiff_planner"
 DEFAULT_ODOM_FRAME = "odom"  # for odometry that names no frame
@@ -70,6 +70,11 @@ class Frame:
     header: object
     rgb: np.ndarray
     convert_s: float = 0.0  # time spent turning the message into the array
+    shape: tuple[int, int] = (0, 0)  # (height, width) of the image as planned
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.shape if self.rgb.size == 0 else tuple(self.rgb.shape[:2])
 
 
 @dataclass(slots=True)
@@ -117,6 +122,9 @@ class PlannerNode(LifecycleNode):
         self._route_state = "none"  # for the diagnostics: none | used | refused: ... | error: ...
         self._plan_route = ""  # the last plan's stats.route
         self._qos_problems: dict[str, str] = {}  # topic -> the QoS policy its publisher offers incompatibly
+        self._watch: DeadlineWatch[Frame] = DeadlineWatch()  # frames taken in, not yet answered
+        self._watchdog_timer = None
+        self._publishing = threading.Lock()  # the worker and the watchdog publish; one answer at a time
         self._default_in_use = False  # the last cycle planned with default_command
         self._last_path_odom: np.ndarray | None = None
         self._last_image_stamp = -np.inf
@@ -212,6 +220,8 @@ class PlannerNode(LifecycleNode):
         self._active = True
         self._worker = threading.Thread(target=self._run, name="wamdiff-inference", daemon=True)
         self._worker.start()
+        if self._watchdog_timer is None:
+            self._watchdog_timer = self.create_timer(self._param("watchdog_period_ms") / 1e3, self._watchdog)
         self._status = (DiagnosticStatus.OK, "active")
         return super().on_activate(state)
 
@@ -351,6 +361,8 @@ class PlannerNode(LifecycleNode):
         self.counters.frames += 1
         frame = Frame(_seconds(header.stamp), header, rgb, time.perf_counter() - t0)
         self._latest_frame = frame
+        self._watch.add(frame.stamp, Frame(frame.stamp, header, np.empty((0, 0, 3), np.uint8), 0.0,
+                                           tuple(rgb.shape[:2])))
         self.slot.put(frame)
 
     def _on_image(self, msg: Image) -> None:
@@ -449,6 +461,7 @@ class PlannerNode(LifecycleNode):
         reason = check_inputs(frame.stamp, now, odom[0] if odom else None, command[0] if command else None, limits)
         if reason is not None:
             self.counters.skip(reason)
+            self._watch.drop(frame.stamp)
             self.get_logger().warning(f"cycle skipped: {reason}", throttle_duration_sec=2.0)
             return
         _, (pose, ego) = odom
@@ -473,7 +486,11 @@ class PlannerNode(LifecycleNode):
         self.latency.add(elapsed)
         self.counters.planned += 1
         t_publish = time.perf_counter()
-        self._publish(frame, plan, pose, fallback=failure is not None)
+        with self._publishing:
+            if not self._watch.claim(frame.stamp):  # the watchdog answered this frame already
+                self.counters.discarded += 1
+                return
+            self._publish(frame, plan, pose, fallback=failure is not None)
         self.ros_overhead.add(frame.convert_s + time.perf_counter() - t_publish)
         self.frame_to_plan.add(self._now() - frame.stamp)
 
@@ -506,6 +523,27 @@ class PlannerNode(LifecycleNode):
             self._route_state = "used"
         return points
 
+    def _watchdog(self) -> None:
+        """On the executor, independent of the inference thread: a frame ``deadline_ms`` old without its plan gets the
+        flagged fallback now, whether inference is slow, hung or failing; its plan, if it still comes, is discarded."""
+        if not self._active:
+            return
+        deadline_ms = self._param("deadline_ms")
+        expired = self._watch.expired(self._now(), deadline_ms / 1e3)
+        if expired is None:
+            return
+        stamp, frame = expired
+        odom = self._odometry.newest()
+        self.counters.watchdog += 1
+        if odom is None:  # nothing to stop along: the frame is answered by the count alone
+            return
+        _, (pose, ego) = odom
+        age_ms = (self._now() - stamp) * 1e3
+        plan = self._fallback(None, ego, pose, f"watchdog: no plan {age_ms:.0f} ms after the image "
+                                               f"(deadline {deadline_ms:.0f} ms)")
+        with self._publishing:
+            self._publish(frame, plan, pose, fallback=True)
+
     def _fallback(self, plan: Plan | None, ego: EgoState, pose, reason: str) -> Plan:
         self.counters.fallback += 1
         self.get_logger().warning(f"fallback stop: {reason}", throttle_duration_sec=2.0)
@@ -524,7 +562,7 @@ class PlannerNode(LifecycleNode):
         if plan.valid:
             with self._lock:
                 self._last_path_odom = waypoints_odom
-        height, width = frame.rgb.shape[:2]
+        height, width = frame.size
         self._plan_pub.publish(planner_output_msg(plan, frame.header, pose, waypoints_odom, odom_frame, width, height,
                                                   fallback))
         self._path_pub.publish(conv.path_msg(waypoints_odom, stamp, odom_frame, origin=pose))

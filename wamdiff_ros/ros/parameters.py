@@ -80,6 +80,8 @@ def parameters() -> tuple[Param, ...]:
         Param("deadline_ms", 1000.0, "a plan later than this after its image stamp is replaced by the fallback",
               1.0, 60000.0),
         Param("fallback_decel", 2.0, "deceleration of the fallback stop, m/s^2", 0.5, 8.0),
+        Param("watchdog_period_ms", 50.0, "how often the watchdog looks for frames past deadline_ms without a plan "
+              "(it publishes their fallback whatever inference is doing)", 5.0, 1000.0, on_restart=True),
         Param("diagnostics_period_s", 1.0, "diagnostics publishing period", 0.1, 60.0, on_restart=True),
         Param("blackbox_dir", "", "where fallbacks dump the last inputs as MCAP ('' = $ROS_HOME/wamdiff_blackbox, "
               "'none' = never)", read_only=True),

@@ -1,0 +1,126 @@
+"""The watchdog: with a model that hangs, or takes twice the deadline, every frame still gets its flagged fallback
+within ``deadline_ms`` + one watchdog period, from a timer independent of the inference thread; a plan that finishes
+after its frame's fallback is discarded (counted), and the node stays alive and configurable. One process, own rclpy
+context, the executor spinning in a thread, 100 frames at 10 Hz per case."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+rclpy = pytest.importorskip("rclpy", reason="rclpy (ROS 2 wheels) not installed")
+pytest.importorskip("wamdiff_ros.msg", reason="the package's interfaces are not built (make setup)")
+
+from nav_msgs.msg import Odometry  # noqa: E402
+from rclpy.executors import SingleThreadedExecutor  # noqa: E402
+from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+
+from wamdiff_ros.ros.conversions import quaternion_from_yaw, to_time  # noqa: E402
+from wamdiff_ros.ros.node import PlannerNode  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.timeout(300)]
+DEADLINE_MS, PERIOD_MS, FRAMES, FRAME_S = 300.0, 20.0, 100, 0.1
+SLACK_S = 0.25  # scheduling: CI runs two test processes on 2 cores
+
+
+class Running:
+    def __init__(self, domain: int, plan) -> None:
+        self.ctx = rclpy.Context()
+        rclpy.init(context=self.ctx, domain_id=domain)
+        params = [Parameter("model", value="tiny-random"), Parameter("blackbox_dir", value="none"),
+                  Parameter("deadline_ms", value=DEADLINE_MS), Parameter("watchdog_period_ms", value=PERIOD_MS),
+                  Parameter("default_command", value="follow"), Parameter("steps", value=2),
+                  Parameter("schedule", value="static")]
+        self.node = PlannerNode(context=self.ctx, parameter_overrides=params)
+        assert self.node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        self.published = []  # (wall time, PlannerOutput)
+        self.node._plan_pub.publish = lambda msg: self.published.append((self.node._now(), msg))
+        self.node.planner.plan = plan
+        assert self.node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        self.executor = SingleThreadedExecutor(context=self.ctx)
+        self.executor.add_node(self.node)
+        self.spinning = threading.Thread(target=self.executor.spin, daemon=True)
+        self.spinning.start()
+
+    def drive(self) -> list[float]:
+        """100 frames at 10 Hz, each with its odometry; returns their stamps."""
+        stamps, image = [], np.full((64, 128, 3), 90, np.uint8)
+        for _ in range(FRAMES):
+            now = self.node._now()
+            odom = Odometry()
+            odom.header.stamp, odom.header.frame_id, odom.child_frame_id = to_time(now), "odom", "base_link"
+            odom.pose.pose.orientation = quaternion_from_yaw(0.0)
+            odom.twist.twist.linear.x = 5.0
+            self.node._on_odometry(odom)
+            header = type("Header", (), {"stamp": to_time(now)})()
+            self.node._accept_image(header, lambda: image)
+            stamps.append(now)
+            time.sleep(FRAME_S)
+        time.sleep((DEADLINE_MS + 2 * PERIOD_MS) / 1e3 + SLACK_S)
+        return stamps
+
+    def close(self, release: threading.Event) -> None:
+        release.set()
+        self.node.trigger_deactivate()
+        self.executor.shutdown()
+        self.node.destroy_node()
+        rclpy.shutdown(context=self.ctx)
+
+
+def _stamp(msg) -> float:
+    return msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+
+
+def _check_every_frame_got_its_fallback_in_time(run: Running, stamps: list[float]) -> None:
+    fallbacks = {}
+    for t, msg in run.published:
+        if msg.fallback:
+            fallbacks.setdefault(round(_stamp(msg), 3), (t, msg))  # frames are 0.1 s apart
+    for stamp in stamps:
+        t, msg = fallbacks[round(stamp, 3)]
+        assert not msg.valid and msg.reason.startswith("watchdog: no plan")
+        assert stamp + DEADLINE_MS / 1e3 <= t <= stamp + (DEADLINE_MS + PERIOD_MS) / 1e3 + SLACK_S, t - stamp
+        xs = [p.pose.position.x for p in msg.waypoints_base_link]
+        assert xs[0] > 0 and all(b >= a - 1e-6 for a, b in zip(xs, xs[1:]))  # a stop ahead, no reversing
+    assert int(run.node.counters.watchdog) >= FRAMES
+
+
+def test_a_hung_model_gets_every_frame_its_fallback(monkeypatch):
+    release, calls = threading.Event(), []
+
+    def hang(*args, **kwargs):
+        calls.append(1)
+        release.wait(60.0)
+        raise RuntimeError("released")
+
+    run = Running(51, hang)
+    try:
+        stamps = run.drive()
+        assert len(calls) == 1  # inference never came back
+        _check_every_frame_got_its_fallback_in_time(run, stamps)
+        assert run.node.get_parameter("deadline_ms").value == DEADLINE_MS  # still answering services
+        run.node.set_parameters([Parameter("deadline_ms", value=400.0)])
+        assert run.node.get_parameter("deadline_ms").value == 400.0
+    finally:
+        run.close(release)
+
+
+def test_a_model_twice_as_slow_as_the_deadline_never_publishes_late_plans(monkeypatch):
+    release = threading.Event()
+    box = {}
+
+    def slow(*args, **kwargs):
+        time.sleep(2 * DEADLINE_MS / 1e3)
+        return box["real"](*args, **kwargs)
+
+    run = Running(52, slow)
+    box["real"] = type(run.node.planner).plan.__get__(run.node.planner)
+    try:
+        stamps = run.drive()
+        _check_every_frame_got_its_fallback_in_time(run, stamps)
+        assert not any(msg.valid for _, msg in run.published)  # every plan came after its frame's fallback
+        assert run.node.counters.discarded >= 10 and run.node.counters.planned == run.node.counters.discarded
+    finally:
+        run.close(release)
