@@ -76,8 +76,8 @@ def _used_arguments(tree: ast.Module) -> set[str]:
         names = {c.args[0].id for c in ast.walk(comp) if isinstance(c, ast.Call) and c.args
                  and getattr(c.func, "id", None) in ("LaunchConfiguration", "arg") and isinstance(c.args[0], ast.Name)}
         for gen in comp.generators:
-            source = gen.iter.func.value if isinstance(gen.iter, ast.Call) and isinstance(gen.iter.func, ast.Attribute) \
-                else gen.iter
+            called = isinstance(gen.iter, ast.Call) and isinstance(gen.iter.func, ast.Attribute)
+            source = gen.iter.func.value if called else gen.iter
             targets = {t.id for t in ast.walk(gen.target) if isinstance(t, ast.Name)}
             if names & targets and isinstance(source, ast.Name) and source.id in dicts:
                 used |= set(dicts[source.id])

@@ -3,9 +3,7 @@
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import yaml
 
-from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.format import Command
 
 ROOT = Path(__file__).resolve().parents[1]

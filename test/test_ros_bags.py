@@ -135,7 +135,8 @@ def test_sample_bag_topics_counts_types_and_stamps(store):
 
 def test_sample_bag_is_the_data_exports_drive(store):
     """The bag's frames are the ones ``wamdiff-train data`` would export for that episode (its rollout, no
-    perturbations, sampled at 10 Hz), and the node's ego estimate from the bag's odometry is the export's velocity / acceleration."""
+    perturbations, sampled at 10 Hz), and the node's ego estimate from the bag's odometry is the export's velocity /
+    acceleration."""
     pytest.importorskip("rclpy", reason="rclpy (ROS 2 wheels) not installed")
     from wamdiff_ros.ros.conversions import EgoEstimator, yaw_from_quaternion
     pytest.importorskip("wamdiff_training", reason="the training package is not installed")

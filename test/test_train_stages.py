@@ -23,7 +23,7 @@ from wamdiff_ros.decoding.block import decode_blocks
 from wamdiff_ros.decoding.reference import FullSequenceBackend
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import encode_prompt
-from wamdiff_ros.model import DecodeMeta, save_checkpoint, tiny_random
+from wamdiff_ros.model import DecodeMeta, tiny_random
 from wamdiff_training import config as cfg
 from wamdiff_training import layout as lay
 from wamdiff_training import losses

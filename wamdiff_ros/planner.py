@@ -220,7 +220,8 @@ class Planner:
         bundle = load(path, device=device, dtype=dtype, mask_token_id=mask_token_id)
         defaults = DecodeSettings()
         settings = DecodeSettings(
-            block_size=block_size if block_size is not None else min(defaults.block_size, bundle.meta.trained_block_size),
+            block_size=(block_size if block_size is not None
+                        else min(defaults.block_size, bundle.meta.trained_block_size)),
             steps=steps if steps is not None else defaults.steps,
             threshold=threshold if threshold is not None else defaults.threshold,
             schedule=schedule if schedule is not None else defaults.schedule,

@@ -1,4 +1,5 @@
-"""``wamdiff-bench <benchmark> [args]``: decode, plan, node, render, gpu; fixture writes checkpoint folders in real layouts."""
+"""``wamdiff-bench <benchmark> [args]``: decode, plan, node, render, gpu; ``fixture`` writes checkpoint folders in
+real layouts."""
 
 from __future__ import annotations
 

@@ -54,7 +54,8 @@ PREPROCESSOR = {
 DIMENSIONS = {  # (text, vision)
     "2b": (dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                 intermediate_size=6144),
-           dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, deepstack_visual_indexes=[5, 11, 17])),
+           dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16,
+                deepstack_visual_indexes=[5, 11, 17])),
     "small": (dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                    intermediate_size=128),
               dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, deepstack_visual_indexes=[0])),

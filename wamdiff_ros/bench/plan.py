@@ -80,7 +80,8 @@ def table(result: dict) -> str:
              f"|{'-' * 28}|{'-' * 10}|{'-' * 10}|{'-' * 17}|"]
     for name, label in (("ar", "AR (next-token)"), ("block", f"block B={result['block']['block_size']}")):
         r = result[name]
-        lines.append(f"| {label:<26} | {r['p50_ms']:8.1f} | {r['p99_ms']:8.1f} | {r['forward_calls_per_token']:15.3f} |")
+        lines.append(f"| {label:<26} | {r['p50_ms']:8.1f} | {r['p99_ms']:8.1f} | "
+                     f"{r['forward_calls_per_token']:15.3f} |")
     lines.append(f"decode path: {result['block']['decode_path']}")
     lines.append(f"block vs AR, p50 per plan: {result['ratio_p50']:.2f}x")
     return "\n".join(lines)
