@@ -481,8 +481,6 @@ class PlannerNode(LifecycleNode):
         if failure is None and age_ms > self._param("deadline_ms"):
             self.counters.late += 1
             failure = f"late: {age_ms:.0f} ms after the image (deadline {self._param('deadline_ms'):.0f} ms)"
-        if failure is not None:
-            plan = self._fallback(plan, ego, pose, failure)
         self.latency.add(elapsed)
         self.counters.planned += 1
         t_publish = time.perf_counter()
@@ -490,6 +488,8 @@ class PlannerNode(LifecycleNode):
             if not self._watch.claim(frame.stamp):  # the watchdog answered this frame already
                 self.counters.discarded += 1
                 return
+            if failure is not None:
+                plan = self._fallback(plan, ego, pose, failure)
             self._publish(frame, plan, pose, fallback=failure is not None)
         self.ros_overhead.add(frame.convert_s + time.perf_counter() - t_publish)
         self.frame_to_plan.add(self._now() - frame.stamp)
