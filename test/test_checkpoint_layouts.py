@@ -14,7 +14,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.bench.fixture import ADDED_TOKENS, BPE_IDS, VOCAB_ROWS, write_fixture
 from wamdiff_ros.errors import CheckpointError
 from wamdiff_ros.inputs import encode_prompt
-from wamdiff_ros.model import (INDEX_FILE, META_FILE, WAM_DIFF2_MASK_ID, default_dtype, load, load_checkpoint)
+from wamdiff_ros.model import INDEX_FILE, META_FILE, WAM_DIFF2_MASK_ID, default_dtype, load, load_checkpoint
 from wamdiff_ros.planner import EgoState, Planner
 
 EGO = EgoState((5.0, 0.0))
@@ -120,8 +120,9 @@ def test_mask_id_override_and_its_checks(wam_folder):
 
 def test_bf16_weights_load_as_float32_on_the_cpu_and_stay_bf16_on_a_gpu(wam_folder, wam_planner):
     assert wam_planner.bundle.model.dtype == torch.float32
-    assert default_dtype(wam_folder, "cpu") == torch.float32
-    assert default_dtype(wam_folder, "cuda") == torch.bfloat16  # read from config.json, no GPU needed
+    raw = json.loads((wam_folder / "config.json").read_text())
+    assert default_dtype(raw, "cpu") == torch.float32
+    assert default_dtype(raw, "cuda") == torch.bfloat16  # read from config.json, no GPU needed
 
 
 def test_half_sharded_corrupt_truncated_and_foreign_folders_are_refused(wam_folder, tmp_path):

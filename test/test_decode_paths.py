@@ -47,10 +47,9 @@ def bundles():
 
 def _compare(bundle, block: int, schedule: str, constrained: bool, inputs) -> int:
     steps = 2 if schedule == "static" else min(block, 8)  # any T: fewer forwards keep CI short
-    settings = DecodeSettings(block_size=block, steps=steps, schedule=schedule, max_new_tokens=112)
     planner = Planner(bundle, DecodeSettings(block_size=block, steps=steps, schedule=schedule, max_new_tokens=112,
                                              constrain=constrained))
-    constraint = planner._constraint
+    settings, constraint = planner.settings, planner._constraint
     runner = planner._runner_for(4096)
     assert (planner._grammar is not None) == constrained  # fixed width with one-character tokens: in the step
     for image, user in inputs:

@@ -26,7 +26,8 @@ SLACK_S = 0.25  # scheduling: CI runs two test processes on 2 cores
 
 
 class Running:
-    def __init__(self, domain: int, plan) -> None:
+    def __init__(self, domain: int, wrap) -> None:
+        """``wrap``: the planner's ``plan`` -> the stand-in the node calls instead."""
         self.ctx = rclpy.Context()
         rclpy.init(context=self.ctx, domain_id=domain)
         params = [Parameter("model", value="tiny-random"), Parameter("blackbox_dir", value="none"),
@@ -37,7 +38,7 @@ class Running:
         assert self.node.trigger_configure() == TransitionCallbackReturn.SUCCESS
         self.published = []  # (wall time, PlannerOutput)
         self.node._plan_pub.publish = lambda msg: self.published.append((self.node._now(), msg))
-        self.node.planner.plan = plan
+        self.node.planner.plan = wrap(self.node.planner.plan)
         assert self.node.trigger_activate() == TransitionCallbackReturn.SUCCESS
         self.executor = SingleThreadedExecutor(context=self.ctx)
         self.executor.add_node(self.node)
@@ -95,7 +96,7 @@ def test_a_hung_model_gets_every_frame_its_fallback(monkeypatch):
         release.wait(60.0)
         raise RuntimeError("released")
 
-    run = Running(51, hang)
+    run = Running(51, lambda real: hang)
     try:
         stamps = run.drive()
         assert len(calls) == 1  # inference never came back
@@ -109,14 +110,14 @@ def test_a_hung_model_gets_every_frame_its_fallback(monkeypatch):
 
 def test_a_model_twice_as_slow_as_the_deadline_never_publishes_late_plans(monkeypatch):
     release = threading.Event()
-    box = {}
 
-    def slow(*args, **kwargs):
-        time.sleep(2 * DEADLINE_MS / 1e3)
-        return box["real"](*args, **kwargs)
+    def slow(real):
+        def plan(*args, **kwargs):
+            time.sleep(2 * DEADLINE_MS / 1e3)
+            return real(*args, **kwargs)
+        return plan
 
     run = Running(52, slow)
-    box["real"] = type(run.node.planner).plan.__get__(run.node.planner)
     try:
         stamps = run.drive()
         _check_every_frame_got_its_fallback_in_time(run, stamps)

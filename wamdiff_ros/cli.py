@@ -15,7 +15,7 @@ from wamdiff_ros.decoding.attention import CHOICES as ATTENTION_CHOICES
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.decoding.unmask import SCHEDULES
 from wamdiff_ros.errors import WamDiffError
-from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP
+from wamdiff_ros.model_names import DEFAULT_MODEL, DTYPE_NAMES, MODEL_HELP
 
 SAMPLE_IMAGE = "sample_front.png"
 
@@ -61,23 +61,19 @@ def decode_overrides(args: argparse.Namespace) -> dict:
     return out
 
 
-DTYPES = {"auto": None, "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-
-
 def load_overrides(args: argparse.Namespace) -> dict:
     """``add_decode_args``' model flags as ``Planner.from_pretrained`` keywords (with the decode settings')."""
-    import torch
+    from wamdiff_ros.model import torch_dtype
 
-    dtype = DTYPES[args.dtype]
-    return {"device": args.device, "dtype": None if dtype is None else getattr(torch, dtype),
-            "mask_token_id": args.mask_token_id, **decode_overrides(args)}
+    return {"device": args.device, "dtype": torch_dtype(args.dtype), "mask_token_id": args.mask_token_id,
+            **decode_overrides(args)}
 
 
 def add_decode_args(parser: argparse.ArgumentParser) -> None:
     """--model, --device and the decode settings' flags."""
     parser.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP + "; WAM-Diff2 and Qwen3-VL folders too")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
                         help="weights' dtype (auto: float32 on the CPU, the checkpoint's own on a GPU)")
     parser.add_argument("--mask-token-id", type=int, default=None,
                         help="the [MASK] embedding row (default: the checkpoint's; WAM-Diff2's is 151671)")

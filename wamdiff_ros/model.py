@@ -27,7 +27,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.errors import CheckpointError
-from wamdiff_ros.model_names import DEFAULT_MODEL, TINY_RANDOM, resolve  # noqa: F401  (re-exported)
+from wamdiff_ros.model_names import DEFAULT_MODEL, DTYPE_NAMES, TINY_RANDOM, resolve  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,8 @@ def resolve_mask_id(model: Qwen3VLForConditionalGeneration, tokenizer: PreTraine
     return int(bare)
 
 
-def _read_config(folder: Path) -> Qwen3VLConfig:
+def _read_config(folder: Path) -> tuple[dict, Qwen3VLConfig]:
+    """config.json as written (what the layout says of itself) and the transformers config it loads as."""
     path = folder / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{folder}: no config.json; expected a Qwen3-VL / WAM-Diff2 checkpoint folder")
@@ -172,27 +173,27 @@ def _read_config(folder: Path) -> Qwen3VLConfig:
     for key in ("hidden_size", "num_hidden_layers", "vocab_size"):
         if not isinstance(raw["text_config"].get(key), int):
             raise CheckpointError(f"{path}: key 'text_config.{key}' is missing or not an integer")
-    raw = copy.deepcopy(raw)
-    raw["model_type"] = "qwen3_vl"
-    raw["architectures"] = ["Qwen3VLForConditionalGeneration"]
+    qwen = copy.deepcopy(raw)
+    qwen["model_type"] = "qwen3_vl"
+    qwen["architectures"] = ["Qwen3VLForConditionalGeneration"]
     for key, sub_type in _RENAMED_SUB_TYPES.items():
-        if isinstance(raw.get(key), dict):
-            raw[key]["model_type"] = sub_type
-    raw.pop("auto_map", None)  # never follow remote code
+        if isinstance(qwen.get(key), dict):
+            qwen[key]["model_type"] = sub_type
+    qwen.pop("auto_map", None)  # never follow remote code
     try:
-        return Qwen3VLConfig.from_dict(raw)
+        return raw, Qwen3VLConfig.from_dict(qwen)
     except (TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: not a Qwen3-VL config ({exc})") from exc
 
 
-def _read_meta(folder: Path) -> DecodeMeta:
+def _read_meta(folder: Path, raw: dict) -> DecodeMeta:
+    """``raw``: config.json as written."""
     path = folder / META_FILE
     if path.is_file():
         try:
             return DecodeMeta(**json.loads(path.read_text()))
         except (TypeError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{path}: bad decode metadata ({exc})") from exc
-    raw = json.loads((folder / "config.json").read_text())
     block = raw.get("block_size")
     if block is not None and (not isinstance(block, int) or block < 1):
         raise CheckpointError(f"{folder / 'config.json'}: key 'block_size' {block!r} must be an integer >= 1")
@@ -277,11 +278,18 @@ def latest_checkpoint(run: str | Path) -> Path:
     return pointer.parent / name
 
 
-def default_dtype(folder: Path, device: str | torch.device) -> torch.dtype:
-    """float32 on the CPU; on an accelerator the checkpoint's own dtype (bf16 saves stay bf16)."""
+def torch_dtype(name: str) -> torch.dtype | None:
+    """A ``DTYPE_NAMES`` name as the loaders take it (None: auto)."""
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype {name!r} is not one of {DTYPE_NAMES}")
+    return None if name == "auto" else getattr(torch, name)
+
+
+def default_dtype(raw: dict, device: str | torch.device) -> torch.dtype:
+    """float32 on the CPU; on an accelerator the checkpoint's own dtype (``raw``: its config.json; bf16 saves stay
+    bf16)."""
     if torch.device(device).type == "cpu":
         return torch.float32
-    raw = json.loads((folder / "config.json").read_text())
     name = raw.get("dtype") or raw.get("torch_dtype") or raw.get("text_config", {}).get("dtype") or "float32"
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(name), torch.float32)
 
@@ -295,10 +303,10 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype:
         folder = latest_checkpoint(folder)  # a training run's folder: its newest checkpoint
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a checkpoint folder (expected config.json + *.safetensors)")
-    config = _read_config(folder)
-    meta = _read_meta(folder)
+    raw, config = _read_config(folder)
+    meta = _read_meta(folder, raw)
     _check_weights(folder)
-    dtype = dtype or default_dtype(folder, device)
+    dtype = dtype or default_dtype(raw, device)
     if not (folder / "preprocessor_config.json").is_file():
         raise CheckpointError(f"{folder}: no preprocessor_config.json (the image processor)")
     try:
@@ -306,7 +314,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype:
         image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(folder))
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{folder}: cannot load tokenizer / image processor ({exc})") from exc
-    if json.loads((folder / "config.json").read_text()).get("model_type") == WAM_DIFF2_MODEL_TYPE:
+    if raw.get("model_type") == WAM_DIFF2_MODEL_TYPE:
         low, high = WAM_DIFF2_PIXELS
         image_processor.size = {"shortest_edge": low, "longest_edge": high}
         log.info("%s: WAM-Diff2 layout: images resized to %d..%d pixels as its inference does", folder, low, high)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")  # auto: float32 on the CPU, the checkpoint's own on a GPU
 TINY_RANDOM = "tiny-random"  # random weights, for tests and benchmarks of the machinery
 # Trained checkpoints shipped inside the package. The default is the tiny B = 32 student that ``make train-tiny``
 # trains on the package's own world (model card: wamdiff_ros/assets/wamdiff-tiny/README.md).

@@ -152,29 +152,6 @@ def _configs(layout: str, size: str) -> tuple[dict, Qwen3VLConfig]:
     return raw, Qwen3VLConfig.from_dict(base)
 
 
-def random_bundle(size: str = "2b", device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-                  seed: int = 0):
-    """The fixture's model in memory, built on ``device`` (no 4 GB folder first), with Qwen's tokenizer layout and
-    this package's decode metadata (block diffusion, B = 32, the fixed-width format): for benchmarks on a GPU."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    from wamdiff_ros.model import DecodeMeta, ModelBundle, resolve_mask_id
-
-    _, config = _configs("qwen3_vl", size)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        with torch.device(device):
-            model = Qwen3VLForConditionalGeneration(config)
-    model = model.to(dtype).eval()
-    tokenizer = bpe_tokenizer()
-    processor = Qwen2VLImageProcessorPil(**{k: v for k, v in PREPROCESSOR.items() if not k.endswith("_type")
-                                            and k != "processor_class"})
-    meta = DecodeMeta(route_points=False, mask_token_id=151671)
-    mask_id = resolve_mask_id(model, tokenizer, meta, f"random {size}")
-    return ModelBundle(model, tokenizer, processor, meta, mask_id, tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                       f"random Qwen3-VL-{size} ({dtype})")
-
-
 def write_fixture(out: str | Path, layout: str, size: str = "small", seed: int = 0,
                   max_shard_size: str | None = None) -> Path:
     """Write a ``layout`` folder at ``size`` into ``out``; ``max_shard_size`` (e.g. "20MB") shards the weights with

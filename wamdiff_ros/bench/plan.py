@@ -25,8 +25,8 @@ except ImportError:  # the GPU machine's bare Python
 
 from wamdiff_ros.cli import load_rgb, sample_image_path
 from wamdiff_ros.decoding.settings import DecodeSettings
-from wamdiff_ros.model import load
-from wamdiff_ros.model_names import DEFAULT_MODEL
+from wamdiff_ros.model import load, torch_dtype
+from wamdiff_ros.model_names import DEFAULT_MODEL, DTYPE_NAMES
 from wamdiff_ros.planner import EgoState, Planner
 from wamdiff_ros.provenance import host_info
 
@@ -35,14 +35,14 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
-RANDOM_PREFIX = "random-"  # random-2b / random-small: ``fixture.random_bundle`` in memory
+RANDOM_2B = "random-2b"  # ``gpu.build_bundle``: Qwen3-VL-2B dimensions, random bf16 weights, built in memory
 
 
 def run(model: str, runs: int, device: str, dtype: torch.dtype | None = None) -> dict:
-    if model.startswith(RANDOM_PREFIX):
-        from wamdiff_ros.bench.fixture import random_bundle
+    if model == RANDOM_2B:
+        from wamdiff_ros.bench.gpu import build_bundle
 
-        bundle = random_bundle(model[len(RANDOM_PREFIX):], device, dtype or torch.bfloat16)
+        bundle = build_bundle(False, torch.device(device))
     else:
         bundle = load(model, device=device, dtype=dtype)
     block = DecodeSettings(block_size=min(DecodeSettings().block_size, bundle.meta.trained_block_size))
@@ -89,18 +89,17 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="wamdiff-bench plan", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=DEFAULT_MODEL, help="a model (as wamdiff-plan takes), or random-2b / "
-                   "random-small: Qwen3-VL at those dimensions with random weights, built in memory")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"a model (as wamdiff-plan takes), or {RANDOM_2B}: "
+                   "Qwen3-VL-2B's dimensions with random bf16 weights, built in memory (the GPU check)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="auto")
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--json", default=None, metavar="OUT", help="also write the result as JSON")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    result = run(args.model, args.runs, args.device, dtype)
+    result = run(args.model, args.runs, args.device, torch_dtype(args.dtype))
     print(table(result))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -34,9 +34,8 @@ def allowed_sets(constraint: WaypointConstraint, length: int, fixed: dict[int, i
     view = BlockView(constraint, constraint.start_state, codes, 0)
     out = []
     for j in range(length):
-        if codes[j] != _MASKED:
-            out.append({int(t) for t, sig in ((t, constraint.token_sig[t]) for t in constraint.grammar_ids)
-                        if int(sig) == codes[j]})
+        if codes[j] != _MASKED:  # a fixed position: the tokens of its signature
+            out.append(set(constraint.grammar_ids[constraint._grammar_sig == codes[j]].tolist()))
             continue
         index = constraint.allowed_row(view.fwd[j] & view.bwd[j], view.bwd[j + 1])  # may grow the rows: index first
         row = constraint._rows[index]

@@ -56,8 +56,9 @@ class GraphRunner:
         self._step_index = torch.zeros(1, dtype=torch.long, device=dev)
         self._threshold = torch.tensor(0.9, dtype=torch.float32, device=dev)
         self._no_mask = torch.tensor([mask_id], device=dev)
-        self._grammar: torch.Tensor | None = None  # (answer positions, V) bool, ``set_grammar``
-        self._allowed: torch.Tensor | None = None  # (max_block, V) bool: the current block's rows
+        self._grammar_source = 0  # data_ptr of the mask ``set_grammar`` last took
+        self._forbidden: torch.Tensor | None = None  # (answer positions, V) bool: what the grammar refuses
+        self._blocked: torch.Tensor | None = None  # (max_block, V) bool: the current block's rows of it
         self._schedules: dict[tuple[int, int], torch.Tensor] = {}
         self._ar_token = torch.zeros(1, dtype=torch.long, device=dev)
         self._ar_index = torch.zeros(1, dtype=torch.long, device=dev)
@@ -72,16 +73,20 @@ class GraphRunner:
 
     @property
     def constrained(self) -> bool:
-        return self._grammar is not None
+        return self._forbidden is not None
 
     def set_grammar(self, mask: torch.Tensor | None) -> None:
         """The plan grammar as a per-position allowed-token mask (``grammar_mask.grammar_mask``), or None to decode
-        unconstrained; graphs are captured per setting."""
-        if mask is not None:
-            mask = mask.to(self.engine.device)
-            if self._allowed is None or self._allowed.shape[1] != mask.shape[1]:
-                self._allowed = torch.ones(self.max_block, mask.shape[1], dtype=torch.bool, device=self.engine.device)
-        self._grammar = mask
+        unconstrained; graphs are captured per setting (the block buffer keeps its address)."""
+        if mask is None:
+            self._forbidden = None
+            return
+        if self._forbidden is not None and mask.data_ptr() == self._grammar_source:
+            return  # the same mask again (every plan sets it)
+        self._grammar_source = mask.data_ptr()
+        self._forbidden = ~mask.to(self.engine.device)
+        if self._blocked is None or self._blocked.shape[1] != mask.shape[1]:
+            self._blocked = torch.zeros(self.max_block, mask.shape[1], dtype=torch.bool, device=self.engine.device)
 
     @property
     def ar_supported(self) -> bool:
@@ -146,9 +151,10 @@ class GraphRunner:
         block, masked = self._block[:n], self._masked[:n]
         tokens = torch.cat([self._clean[:n_clean], block]) if n_clean else block
         logits = self.engine.run_planned(tokens, n_clean)
-        scores = logits.index_fill(-1, self._no_mask, float("-inf"))
-        if self.constrained:
-            scores = scores.masked_fill(~self._allowed[:n], float("-inf"))
+        if self.constrained:  # the grammar never allows [MASK]
+            scores = logits.masked_fill(self._blocked[:n], float("-inf"))
+        else:
+            scores = logits.index_fill(-1, self._no_mask, float("-inf"))
         p, pred = torch.softmax(scores.float(), dim=-1).max(-1)
         conf = p.masked_fill(~masked, -1.0)
         if schedule == "static":
@@ -190,7 +196,7 @@ class GraphRunner:
         total = len(tokens_per_step(n, settings.steps)) if schedule == "static" else settings.steps
         self._reset_block(n, schedule, settings.steps)
         if self.constrained:
-            self._allowed[:n].copy_(self._grammar[offset:offset + n])
+            self._blocked[:n].copy_(self._forbidden[offset:offset + n])
         eager = not self.use_graphs
         engine.plan(n + n_clean, n_clean, eager=eager)
         self._run((n, n_clean, schedule, self.constrained), lambda: self._step(n, n_clean, schedule))

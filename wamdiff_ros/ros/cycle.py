@@ -197,9 +197,7 @@ class DeadlineWatch(Generic[T]):
         with self._lock:
             if stamp <= self._answered:
                 return False
-            self._answered = stamp
-            while self._pending and self._pending[0][0] <= stamp:
-                self._pending.popleft()
+            self._answer_up_to(stamp)
             return True
 
     def expired(self, now: float, deadline_s: float) -> tuple[float, T] | None:
@@ -209,11 +207,14 @@ class DeadlineWatch(Generic[T]):
             late = [p for p in self._pending if now - p[0] > deadline_s]
             if not late:
                 return None
-            stamp, item = late[-1]
-            self._answered = stamp
-            while self._pending and self._pending[0][0] <= stamp:
-                self._pending.popleft()
-            return stamp, item
+            self._answer_up_to(late[-1][0])
+            return late[-1]
+
+    def _answer_up_to(self, stamp: float) -> None:
+        """The frame at ``stamp`` and every older one are answered (the lock held)."""
+        self._answered = stamp
+        while self._pending and self._pending[0][0] <= stamp:
+            self._pending.popleft()
 
     def __len__(self) -> int:
         with self._lock:

@@ -36,6 +36,7 @@ from wamdiff_ros.decoding.attention import AttentionUnavailable
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import WamDiffError
 from wamdiff_ros.msg import DrivingCommand, PlannerOutput
+from wamdiff_ros.model import torch_dtype
 from wamdiff_ros.planner import EgoState, Plan, Planner, PlanStats
 from wamdiff_ros.route_points import route_points_ahead
 from wamdiff_ros.ros import conversions as conv
@@ -70,11 +71,6 @@ class Frame:
     header: object
     rgb: np.ndarray
     convert_s: float = 0.0  # time spent turning the message into the array
-    shape: tuple[int, int] = (0, 0)  # (height, width) of the image as planned
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return self.shape if self.rgb.size == 0 else tuple(self.rgb.shape[:2])
 
 
 @dataclass(slots=True)
@@ -122,7 +118,7 @@ class PlannerNode(LifecycleNode):
         self._route_state = "none"  # for the diagnostics: none | used | refused: ... | error: ...
         self._plan_route = ""  # the last plan's stats.route
         self._qos_problems: dict[str, str] = {}  # topic -> the QoS policy its publisher offers incompatibly
-        self._watch: DeadlineWatch[Frame] = DeadlineWatch()  # frames taken in, not yet answered
+        self._watch: DeadlineWatch[object] = DeadlineWatch()  # the headers of frames taken in, not yet answered
         self._watchdog_timer = None
         self._publishing = threading.Lock()  # the worker and the watchdog publish; one answer at a time
         self._default_in_use = False  # the last cycle planned with default_command
@@ -155,7 +151,7 @@ class PlannerNode(LifecycleNode):
             torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1) if threads < 0 else threads)
         try:
             self.planner = Planner.from_pretrained(
-                self._param("model"), device=self._param("device"), dtype=self._dtype(),
+                self._param("model"), device=self._param("device"), dtype=torch_dtype(self._param("dtype")),
                 mask_token_id=None if self._param("mask_token_id") < 0 else self._param("mask_token_id"),
                 **{k: self._param(k) for k in DECODE_PARAMS},
             )
@@ -317,12 +313,6 @@ class PlannerNode(LifecycleNode):
 
         return np.asarray(PILImage.fromarray(rgb).resize((width, height), PILImage.BILINEAR))
 
-    def _dtype(self):
-        import torch
-
-        return {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16,
-                "float16": torch.float16}[self._param("dtype")]
-
     def _on_parameters(self, params) -> SetParametersResult:
         for p in params:
             if p.name == "default_command":
@@ -361,8 +351,7 @@ class PlannerNode(LifecycleNode):
         self.counters.frames += 1
         frame = Frame(_seconds(header.stamp), header, rgb, time.perf_counter() - t0)
         self._latest_frame = frame
-        self._watch.add(frame.stamp, Frame(frame.stamp, header, np.empty((0, 0, 3), np.uint8), 0.0,
-                                           tuple(rgb.shape[:2])))
+        self._watch.add(frame.stamp, header)
         self.slot.put(frame)
 
     def _on_image(self, msg: Image) -> None:
@@ -490,7 +479,7 @@ class PlannerNode(LifecycleNode):
                 return
             if failure is not None:
                 plan = self._fallback(plan, ego, pose, failure)
-            self._publish(frame, plan, pose, fallback=failure is not None)
+            self._publish(frame.header, frame.rgb.shape[:2], plan, pose, fallback=failure is not None)
         self.ros_overhead.add(frame.convert_s + time.perf_counter() - t_publish)
         self.frame_to_plan.add(self._now() - frame.stamp)
 
@@ -532,7 +521,7 @@ class PlannerNode(LifecycleNode):
         expired = self._watch.expired(self._now(), deadline_ms / 1e3)
         if expired is None:
             return
-        stamp, frame = expired
+        stamp, header = expired
         odom = self._odometry.newest()
         self.counters.watchdog += 1
         if odom is None:  # nothing to stop along: the frame is answered by the count alone
@@ -542,7 +531,7 @@ class PlannerNode(LifecycleNode):
         plan = self._fallback(None, ego, pose, f"watchdog: no plan {age_ms:.0f} ms after the image "
                                                f"(deadline {deadline_ms:.0f} ms)")
         with self._publishing:
-            self._publish(frame, plan, pose, fallback=True)
+            self._publish(header, (0, 0), plan, pose, fallback=True)  # a stop has no boxes to scale
 
     def _fallback(self, plan: Plan | None, ego: EgoState, pose, reason: str) -> Plan:
         self.counters.fallback += 1
@@ -555,15 +544,17 @@ class PlannerNode(LifecycleNode):
         return Plan(waypoints, np.zeros(fmt.NUM_WAYPOINTS, np.float32), [], plan.text if plan else "", False,
                     reason, stats)
 
-    def _publish(self, frame: Frame, plan: Plan, pose, fallback: bool) -> None:
-        stamp = frame.header.stamp
+    def _publish(self, header, size: tuple[int, int], plan: Plan, pose, fallback: bool) -> None:
+        """The plan's outputs, stamped with its image's ``header``; ``size``: the image's (height, width), to which
+        boxes are scaled."""
+        stamp = header.stamp
         odom_frame = self._odom_frame_id or DEFAULT_ODOM_FRAME  # the odometry's own frame (map, odom, ...)
         waypoints_odom = conv.waypoints_to_odom(plan.waypoints, pose)
         if plan.valid:
             with self._lock:
                 self._last_path_odom = waypoints_odom
-        height, width = frame.size
-        self._plan_pub.publish(planner_output_msg(plan, frame.header, pose, waypoints_odom, odom_frame, width, height,
+        height, width = size
+        self._plan_pub.publish(planner_output_msg(plan, header, pose, waypoints_odom, odom_frame, width, height,
                                                   fallback))
         self._path_pub.publish(conv.path_msg(waypoints_odom, stamp, odom_frame, origin=pose))
         self._text_pub.publish(String(data=plan.text))

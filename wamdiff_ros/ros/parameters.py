@@ -12,7 +12,7 @@ from pathlib import Path
 
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.decoding.unmask import SCHEDULES
-from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP
+from wamdiff_ros.model_names import DEFAULT_MODEL, DTYPE_NAMES, MODEL_HELP
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS_FILE = ROOT / "config" / "planner.yaml"
@@ -47,8 +47,8 @@ def parameters() -> tuple[Param, ...]:
     return (
         Param("model", DEFAULT_MODEL, MODEL_HELP, read_only=True),
         Param("device", "cpu", "torch device", read_only=True),
-        Param("dtype", "auto", "auto (float32 on the CPU, the checkpoint's own on a GPU) | float32 | bfloat16 | "
-              "float16", read_only=True),
+        Param("dtype", "auto", "auto (float32 on the CPU, the checkpoint's own on a GPU) | "
+              + " | ".join(DTYPE_NAMES[1:]), read_only=True),
         Param("mask_token_id", -1, "the [MASK] embedding row; -1 = the checkpoint's (WAM-Diff2: 151671)", -1,
               10_000_000, read_only=True),
         Param("torch_threads", -1, "CPU threads for inference; -1 = all cores but one (left for message handling), "
