@@ -7,9 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from wamdiff_ros.ros.cycle import (
-    Counters, InputLimits, LatencyWindow, LatestSlot, StampedHistory, check_inputs, fallback_stop, to_ego,
-)
+from wamdiff_ros.control.stop import fallback_stop, to_ego
+from wamdiff_ros.ros.cycle import Counters, InputLimits, LatencyWindow, LatestSlot, StampedHistory, check_inputs
 
 
 def test_latest_slot_keeps_only_the_newest():

@@ -24,6 +24,7 @@ from wamdiff_ros.model import ModelBundle, load
 from wamdiff_ros.model_names import DEFAULT_MODEL
 
 MIN_CACHE = 1024  # the decode engine's first KV capacity (tokens); a longer prompt rebuilds it larger
+ANYTIME_MAX_SPEED = 40.0  # m/s: an anytime plan implying a faster step between waypoints is not valid
 MIN_IMAGE_SIDE = 32
 MAX_ASPECT = 100
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Plan:
     valid: bool = False
     reason: str = ""
     stats: PlanStats = field(default_factory=PlanStats)
+    anytime: bool = False  # decoding was cut at its deadline: the best plan so far (``Planner.plan``)
 
 
 def check_image(image: object) -> np.ndarray:
@@ -139,6 +141,17 @@ def waypoint_confidence(token_texts: list[str], confidence: list[float]) -> np.n
                 out[number // 2] = min(out[number // 2], conf)
                 first = False
     return out
+
+
+def _plausible(waypoints: np.ndarray) -> tuple[bool, str]:
+    """An anytime plan's check beyond the grammar (whose numbers may be half guesses): no step between consecutive
+    waypoints (the first from the ego) faster than ``ANYTIME_MAX_SPEED``."""
+    steps = np.linalg.norm(np.diff(np.vstack([np.zeros((1, 2)), waypoints]), axis=0), axis=1) / fmt.WAYPOINT_DT_S
+    worst = int(np.argmax(steps))
+    if steps[worst] > ANYTIME_MAX_SPEED:
+        return False, (f"anytime plan implausible: waypoint {worst + 1} is {steps[worst]:.0f} m/s from the one before "
+                       f"(limit {ANYTIME_MAX_SPEED:.0f} m/s)")
+    return True, ""
 
 
 class Planner:
@@ -233,13 +246,14 @@ class Planner:
         )
         return cls(bundle, settings)
 
-    def _run(self, user_text: str, image: np.ndarray, constraint: WaypointConstraint | None) -> tuple[str, Generation]:
+    def _run(self, user_text: str, image: np.ndarray, constraint: WaypointConstraint | None,
+             deadline: float | None = None) -> tuple[str, Generation]:
         prompt = encode_prompt(self.bundle, user_text, image)
         s = self.settings
         with self._decoding:
             runner = self._runner_for(prompt.length + s.max_new_tokens + s.block_size)
             generation = generate(self.bundle, prompt, s, constraint, mode=self.decode_mode, runner=runner,
-                                  grammar=self._grammar if constraint is not None else None)
+                                  grammar=self._grammar if constraint is not None else None, deadline=deadline)
         tokens = [t for t in generation.result.tokens if t != self.bundle.eos_token_id]
         return self.bundle.tokenizer.decode(tokens, skip_special_tokens=False), generation
 
@@ -256,12 +270,25 @@ class Planner:
             decode_s=generation.decode_s,
         )
 
+    @property
+    def anytime_capable(self) -> bool:
+        """Whether ``plan(deadline=...)`` can answer a best-so-far plan: block decoding with the plan grammar in the
+        step (or unconstrained). AR decoding and the host-side grammar run to the end."""
+        block = (self.decode_mode == "block" or (self.decode_mode == "auto"
+                                                  and self.bundle.meta.prediction != "next_token"))
+        return block and (self._constraint is None or self._grammar is not None)
+
     def plan(self, image: np.ndarray, ego: EgoState, command: fmt.Command | str,
-             route: np.ndarray | None = None) -> Plan:
+             route: np.ndarray | None = None, deadline: float | None = None) -> Plan:
         """``route``: the route points the caller has, (2, 2) ego frame (``fmt.route_line``; ``World.route_points`` in
         the CPU world), or None. The prompt carries them when the checkpoint was trained with them
         (``DecodeMeta.route_points``); such a model planning without one is warned about once and its plan's
-        ``stats.route`` says "missing"."""
+        ``stats.route`` says "missing".
+
+        ``deadline``: a ``time.perf_counter()`` value. Where ``anytime_capable``, decoding that passes it stops
+        refining and answers the best plan so far: the tokens fixed by then, every still-masked position one
+        forward's argmax under the plan grammar; the plan is flagged ``anytime`` (valid when it parses) and its
+        ``waypoint_confidence`` says how sure each waypoint is. Vision and prefill are not cut."""
         image = check_image(image)
         ego = check_ego(ego)
         command = check_command(command)
@@ -277,7 +304,7 @@ class Planner:
         else:
             route_state = "used"
         prompt = fmt.plan_prompt(command, ego.velocity, ego.acceleration, route)
-        text, generation = self._run(prompt, image, self._constraint)
+        text, generation = self._run(prompt, image, self._constraint, deadline)
         parsed = fmt.parse_waypoints(text)
         texts = self.bundle.tokenizer.batch_decode([[t] for t in generation.result.tokens])
         conf = waypoint_confidence(texts, generation.result.confidence)
@@ -285,7 +312,10 @@ class Planner:
             conf = np.zeros(fmt.NUM_WAYPOINTS, dtype=np.float32)
         stats = self._stats(generation)
         stats.route = route_state
-        return Plan(parsed.waypoints, conf, [], text, parsed.valid, parsed.reason, stats)
+        valid, reason = parsed.valid, parsed.reason
+        if generation.result.anytime and valid:
+            valid, reason = _plausible(parsed.waypoints)
+        return Plan(parsed.waypoints, conf, [], text, valid, reason, stats, generation.result.anytime)
 
     def detect(self, image: np.ndarray) -> Plan:
         image = check_image(image)

@@ -62,9 +62,11 @@ def generate(
     attention: str = "sdpa",
     runner: GraphRunner | None = None,
     grammar: torch.Tensor | None = None,
+    deadline: float | None = None,
 ) -> Generation:
     """``grammar``: ``constraint`` as a per-position allowed-token mask (``grammar_mask.grammar_mask``), which lets
-    a constrained plan decode on the runner."""
+    a constrained plan decode on the runner. ``deadline`` (``time.perf_counter()``): block decoding on the runner
+    answers its best so far once it passes (``graphs``' "Anytime"); the other paths run to the end."""
     mode = resolve_mode(bundle, settings, mode)
     model, device = bundle.model, bundle.device
     t0 = time.perf_counter()
@@ -91,7 +93,7 @@ def generate(
     elif mode == "ar":
         result = decode_ar(engine, first_logits, settings.max_new_tokens, bundle.eos_token_id, constraint, ignore_eos)
     elif on_runner:
-        result = decode_blocks_graphed(runner, settings, bundle.eos_token_id, ignore_eos)
+        result = decode_blocks_graphed(runner, settings, bundle.eos_token_id, ignore_eos, deadline)
     else:
         result = decode_blocks(
             CachedBackend(engine), settings, bundle.mask_token_id, bundle.eos_token_id, constraint, ignore_eos, on_step

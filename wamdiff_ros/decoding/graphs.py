@@ -14,10 +14,16 @@ logits inside the step (``set_grammar``; the block's rows are copied into a stat
 were not captured (a short last block), and everything on a machine without CUDA, run the very same step functions
 eagerly, the attention then planned on the engine's eager backend: on the CPU this path computes what the host loop
 does, token for token.
+
+Anytime: with a ``deadline`` (a ``time.perf_counter()`` value) the host stops refining when it passes, between two
+steps. The answer is then the best so far: the tokens fixed by then, the cut block's masks its last step's
+predictions, and every later position one forward's argmax (``fill``: the cut block committed and all the rest as
+one block of masks, under the grammar when the runner has one). It is flagged ``anytime``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -182,11 +188,12 @@ class GraphRunner:
             self._k[: ks.shape[0]].copy_(ks)
 
     # -- one block ----------------------------------------------------------------------------------------------------
-    def run_block(self, n: int, n_clean: int, settings: DecodeSettings, offset: int = 0) -> int:
+    def run_block(self, n: int, n_clean: int, settings: DecodeSettings, offset: int = 0,
+                  deadline: float | None = None) -> int:
         """Denoise one block of ``n`` masks after a prefill or a finished block of ``n_clean`` tokens (committed by
         the first step), ``offset`` answer tokens in; returns the steps run. The result is read with
         ``block_result``. The host looks at the block every ``check_every`` steps ("any mask left?"): the one host
-        sync a step may have."""
+        sync a step may have. Past ``deadline`` (``time.perf_counter()``) no further step starts."""
         engine = self.engine
         if n > self.max_block:
             raise ValueError(f"block of {n} exceeds the runner's max_block {self.max_block}")
@@ -205,6 +212,8 @@ class GraphRunner:
         if steps < total:
             engine.plan(n, eager=eager)
         while steps < total:
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
             if schedule != "static" and steps % self.check_every == 0 and not bool(self._masked[:n].any()):
                 break
             self._run((n, 0, schedule, self.constrained), lambda: self._step(n, 0, schedule))
@@ -220,6 +229,25 @@ class GraphRunner:
         conf = torch.where(masked, self._prob[:n], self._conf[:n])
         self._block[:n].copy_(block)
         return block, conf
+
+    @torch.inference_mode()
+    def fill(self, n_clean: int, offset: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The anytime answer's rest: one eager forward that commits the finished block's ``n_clean`` tokens and
+        predicts ``count`` masks after them (answer positions ``offset`` on) at once, each its argmax (under the
+        grammar when set); returns those tokens and their probabilities."""
+        engine = self.engine
+        masks = torch.full((count,), self.mask_id, dtype=torch.long, device=engine.device)
+        tokens = torch.cat([self._block[:n_clean], masks]) if n_clean else masks
+        engine.plan(count + n_clean, n_clean, eager=True)
+        logits = engine.run_planned(tokens, n_clean)
+        engine.length += n_clean
+        engine.forward_calls += 1
+        if self.constrained:
+            logits = logits.masked_fill(self._forbidden[offset:offset + count], float("-inf"))
+        else:
+            logits = logits.index_fill(-1, self._no_mask, float("-inf"))
+        p, pred = torch.softmax(logits.float(), dim=-1).max(-1)
+        return pred, p
 
     @torch.inference_mode()
     def step_logits(self, n: int, clean: torch.Tensor | None = None, schedule: str = "static") -> torch.Tensor:
@@ -259,18 +287,27 @@ class GraphRunner:
 
 @torch.inference_mode()
 def decode_blocks_graphed(runner: GraphRunner, settings: DecodeSettings, eos_id: int,
-                          ignore_eos: bool = False) -> DecodeResult:
+                          ignore_eos: bool = False, deadline: float | None = None) -> DecodeResult:
     """``block.decode_blocks`` on the runner's graphs, constrained by the runner's grammar mask if it has one
     (``set_grammar``): one host sync per block (the EOS check; none with ``ignore_eos``), one every ``check_every``
-    steps under the threshold rule, and one at the end."""
+    steps under the threshold rule, and one at the end. ``deadline`` (``time.perf_counter()``): past it the answer
+    is the best so far (the module's "Anytime"), flagged ``anytime``."""
     engine = runner.engine
     runner._threshold.fill_(settings.threshold)
     calls_before = engine.forward_calls
     blocks, confs, steps_per_block = [], [], []
-    produced, pending = 0, 0
+    produced, pending, anytime = 0, 0, False
     while produced < settings.max_new_tokens:
+        if deadline is not None and time.perf_counter() >= deadline:
+            block, conf = runner.fill(pending, produced, settings.max_new_tokens - produced)
+            blocks.append(block)
+            confs.append(conf)
+            anytime = True
+            break
         n = min(settings.block_size, settings.max_new_tokens - produced)
-        steps_per_block.append(runner.run_block(n, pending, settings, produced))
+        steps_per_block.append(runner.run_block(n, pending, settings, produced, deadline))
+        if deadline is not None and time.perf_counter() >= deadline and bool(runner._masked[:n].any()):
+            anytime = True  # cut inside the block: its masks take the last step's argmax
         block, conf = runner.block_result(n)
         blocks.append(block)
         confs.append(conf)
@@ -282,7 +319,7 @@ def decode_blocks_graphed(runner: GraphRunner, settings: DecodeSettings, eos_id:
     if not ignore_eos and eos_id in tokens:
         cut = tokens.index(eos_id) + 1
         tokens, confidence = tokens[:cut], confidence[:cut]
-    return DecodeResult(tokens, confidence, engine.forward_calls - calls_before, steps_per_block)
+    return DecodeResult(tokens, confidence, engine.forward_calls - calls_before, steps_per_block, anytime)
 
 
 @torch.inference_mode()

@@ -42,6 +42,7 @@ class DecodeResult:
     confidence: list[float]  # probability of each token when it was fixed
     forward_calls: int = 0  # decoder forwards after the prompt prefill
     steps_per_block: list[int] = field(default_factory=list)
+    anytime: bool = False  # cut at a deadline: the tokens fixed by then, the rest one forward's argmax
 
     @property
     def new_tokens(self) -> int:

@@ -43,7 +43,8 @@ from wamdiff_ros.ros import conversions as conv
 from wamdiff_ros.ros.outputs import planner_output_msg
 from wamdiff_ros.ros.parameters import DECODE_PARAMS, Param, parameters
 from wamdiff_ros.ros.cycle import (Counters, DeadlineWatch, InputLimits, LatencyWindow, LatestSlot, StampedHistory,
-                                   check_inputs, default_command_due, fallback_stop)
+                                   check_inputs, default_command_due)
+from wamdiff_ros.control.stop import fallback_stop
 
 NODE_NAME = "wamdiff_planner"
 DEFAULT_ODOM_FRAME = "odom"  # for odometry that names no frame

@@ -19,6 +19,7 @@ import numpy as np
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.control import FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
+from wamdiff_ros.control.stop import fallback_stop
 from wamdiff_ros.world.camera import CameraConfig, CameraFrame, FrontCamera
 from wamdiff_ros.world.expert import Expert
 from wamdiff_ros.world.metrics import EpisodeLog
@@ -64,6 +65,7 @@ class PlanResult:
     forward_calls: int = 0
     new_tokens: int = 0
     boxes: list = field(default_factory=list)
+    deadline: str = ""  # cut at the planning deadline: "anytime" (its best so far driven) | "stop" (the fallback)
 
 
 class ClosedLoopPlanner(Protocol):
@@ -102,24 +104,50 @@ class ConstantVelocityPlanner:
         return PlanResult((t * np.asarray(obs.ego_velocity)[None]).astype(np.float32))
 
 
+ON_DEADLINE = ("anytime", "stop")
+
+
 class ModelPlanner:
     """The package's ``Planner`` on the rendered front camera, ego velocity / acceleration, the route command and the
-    route points (``Planner`` decides from its checkpoint whether the prompt carries them)."""
+    route points (``Planner`` decides from its checkpoint whether the prompt carries them).
+
+    With ``deadline_s`` each plan has that long (wall clock, from the request) as the node's ``deadline_ms``: decoding
+    stops refining ``margin_s`` before it (time for the anytime fill forward). A plan cut there is answered as the
+    node answers it: ``on_deadline`` "anytime" keeps the best-so-far plan when it is valid, "stop" (and an invalid
+    anytime plan) gives the fallback stop along the last valid plan."""
 
     needs_camera = True
 
-    def __init__(self, planner, name: str = "model") -> None:
+    def __init__(self, planner, name: str = "model", deadline_s: float | None = None, on_deadline: str = "anytime",
+                 margin_s: float = 0.0, fallback_decel: float = 2.0) -> None:
         from wamdiff_ros.planner import EgoState  # torch only where a model runs
 
+        if on_deadline not in ON_DEADLINE:
+            raise ValueError(f"on_deadline: expected one of {ON_DEADLINE}, got {on_deadline!r}")
+        if deadline_s is not None and not deadline_s > margin_s >= 0:
+            raise ValueError(f"deadline_s {deadline_s} must exceed margin_s {margin_s} >= 0")
         self.planner, self._ego_state, self.name = planner, EgoState, name
+        self.deadline_s, self.on_deadline, self.margin_s, self.fallback_decel = (deadline_s, on_deadline, margin_s,
+                                                                                 fallback_decel)
+        self._last_world: np.ndarray | None = None  # the last valid plan, world frame
 
     def reset(self, world: World) -> None:
-        pass
+        self._last_world = None
 
     def plan(self, obs: Observation, route: np.ndarray | None = None) -> PlanResult:
         ego = self._ego_state(obs.ego_velocity, obs.ego_acceleration)
-        p = self.planner.plan(obs.frame.image, ego, obs.command, route=route)
-        return PlanResult(p.waypoints, bool(p.valid), p.stats.forward_calls, p.stats.new_tokens, p.boxes)
+        deadline = None if self.deadline_s is None else time.perf_counter() + self.deadline_s - self.margin_s
+        p = self.planner.plan(obs.frame.image, ego, obs.command, route=route, deadline=deadline)
+        pose = obs.world.ego_pose
+        if p.anytime:
+            if self.on_deadline == "stop" or not p.valid:  # the node's flagged fallback: a stop along the last plan
+                stop = fallback_stop(math.hypot(*obs.ego_velocity), self._last_world, (pose.x, pose.y, pose.heading),
+                                     self.fallback_decel)
+                return PlanResult(stop, True, p.stats.forward_calls, p.stats.new_tokens, deadline="stop")
+        if p.valid:
+            self._last_world = pose.to_world(np.asarray(p.waypoints, np.float64))
+        return PlanResult(p.waypoints, bool(p.valid), p.stats.forward_calls, p.stats.new_tokens, p.boxes,
+                          "anytime" if p.anytime else "")
 
 
 @dataclass(slots=True)
@@ -143,6 +171,7 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
     period = 1.0 / config.plan_hz
     next_request, active, pending = 0.0, None, None  # pending: (effective time, plan)
     latencies, calls, tokens, frames, steps = [], 0, 0, [], 0
+    cut = {"anytime": 0, "stop": 0}
     while not world.done:
         if pending is not None and world.t >= pending[0] - 1e-9:
             active, pending = pending[1], None
@@ -155,6 +184,8 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
             latency = time.perf_counter() - t0
             latencies.append(latency)
             calls, tokens = calls + result.forward_calls, tokens + result.new_tokens
+            if result.deadline:
+                cut[result.deadline] += 1
             tracked = TrackedPlan(result.waypoints, world.ego_pose, world.t, valid=result.valid)
             if config.mode == "paused":
                 active = tracked
@@ -168,4 +199,5 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
         world.step(*actuator(control))
         steps += 1
     log = world.episode_log(planner.name, config.mode, latencies, calls / tokens if tokens else None)
+    log.plans_cut, log.anytime_plans = cut["anytime"] + cut["stop"], cut["anytime"]
     return EpisodeResult(log, steps, time.perf_counter() - start, frames)

@@ -41,15 +41,18 @@ class Job:
 _WORKER: dict = {}
 
 
-def _init_worker(model: str | None, decode: dict, scenario_file: str | None) -> None:
+def _init_worker(model: str | None, decode: dict, scenario_file: str | None, deadline: dict | None = None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
-    _WORKER.update(model=model, decode=decode, scenarios=load_scenarios(scenario_file), planner=None)
+    _WORKER.update(model=model, decode=decode, scenarios=load_scenarios(scenario_file), planner=None, planners={},
+                   deadline=deadline or {})
 
 
 def _planner(name: str):
+    """A baseline, the model, or the model under a deadline ("model_anytime" / "model_stop": ``--deadline-ms``),
+    all model variants on one loaded ``Planner``."""
     if name == "expert":
         return ExpertPlanner()
     if name == "constant_velocity":
@@ -57,8 +60,12 @@ def _planner(name: str):
     if _WORKER["planner"] is None:
         from wamdiff_ros.planner import Planner
 
-        _WORKER["planner"] = ModelPlanner(Planner.from_pretrained(_WORKER["model"], **_WORKER["decode"]))
-    return _WORKER["planner"]
+        _WORKER["planner"] = Planner.from_pretrained(_WORKER["model"], **_WORKER["decode"])
+    if name not in _WORKER["planners"]:
+        on_deadline = name.removeprefix("model_") if name != "model" else "anytime"
+        _WORKER["planners"][name] = ModelPlanner(_WORKER["planner"], name, on_deadline=on_deadline,
+                                                 **(_WORKER["deadline"] if name != "model" else {}))
+    return _WORKER["planners"][name]
 
 
 def _run_job(job: Job, config: dict) -> tuple[Job, dict, int, float]:
@@ -101,6 +108,14 @@ def write_video(result: EpisodeResult, path: Path, camera, fps: float) -> Path:
         writer.send(np.ascontiguousarray(np.pad(f, ((0, h2 - h), (0, w2 - w), (0, 0)))))
     writer.close()
     return path
+
+
+def _deadline_line(logs: list[EpisodeLog], planner: str, mode: str) -> str:
+    mine = [lg for lg in logs if lg.planner == planner and lg.mode == mode]
+    plans = sum(len(lg.plan_latency_s) for lg in mine)
+    cut, anytime = sum(lg.plans_cut for lg in mine), sum(lg.anytime_plans for lg in mine)
+    return (f"- {planner}/{mode}: {cut} of {plans} plans cut at the deadline ({100 * cut / max(plans, 1):.0f} %), "
+            f"{anytime} of them drove the best-so-far plan, {cut - anytime} the fallback stop")
 
 
 def _write_report(report: dict, path: str | None) -> None:
@@ -172,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blend-tau", type=float, default=None,
                    help="the follower's plan blending: weight exp(-age / tau) of earlier plans (s; 0 = off; default: "
                         "the gains file's)")
+    p.add_argument("--deadline-ms", type=float, default=None,
+                   help="give each model plan this long (wall clock) and run the model twice, as model_anytime (a plan "
+                        "cut at the deadline drives its best so far when valid) and model_stop (the fallback stop)")
+    p.add_argument("--anytime-margin-ms", type=float, default=5.0,
+                   help="with --deadline-ms: decoding stops refining this long before the deadline (the fill forward)")
     add_decode_settings_args(p)
     p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     p.add_argument("--scenario-file", default=None, help="a scenario YAML instead of the frozen set")
@@ -205,7 +225,15 @@ def main(argv: list[str] | None = None) -> int:
         LoopConfig(**config)
     except ValueError as err:
         parser.error(str(err))
-    planners = (["model"] if model else []) + baselines
+    deadline = None
+    if args.deadline_ms is not None:
+        if model is None:
+            parser.error("--deadline-ms needs a --model")
+        deadline = {"deadline_s": args.deadline_ms / 1e3, "margin_s": args.anytime_margin_ms / 1e3}
+        if not deadline["deadline_s"] > deadline["margin_s"] >= 0:
+            parser.error("--deadline-ms must exceed --anytime-margin-ms >= 0")
+    models = ["model"] if deadline is None else ["model_anytime", "model_stop"]
+    planners = (models if model else []) + baselines
     if not planners:
         parser.error("nothing to run: give --model or --baselines")
     decode = decode_overrides(args)
@@ -214,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     logs, steps, wall = [], {}, {}
-    init = (model, decode, args.scenario_file)
+    init = (model, decode, args.scenario_file, deadline)
     work = [(job, config) for job in jobs]
     bar = tqdm(total=len(jobs), desc="episodes", unit="ep", disable=args.no_progress, file=sys.stderr)
     for job, log, n, w in _results(work, init, args.workers):
@@ -239,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                      "scenario_version": scenario_set.version, "modes": modes, "planners": planners,
                      "episodes_per_scenario": args.episodes, "first_seed": args.seed, "workers": args.workers,
                      "wall_s": round(time.perf_counter() - start, 1), "throughput": throughput, **config,
+                     "deadline_ms": args.deadline_ms, "anytime_margin_ms": args.anytime_margin_ms if deadline else None,
                      "host": host_info()}
     paths.json.write_text(json.dumps(report, indent=1))
     if args.json:
@@ -247,11 +276,14 @@ def main(argv: list[str] | None = None) -> int:
     md = paths.markdown.read_text() + "\n## Throughput (sim steps/s, camera rendering + planning + world)\n\n" + \
         "\n".join(f"- {k}: {v['sim_steps_per_s']} steps/s ({v['sim_steps']} steps in {v['wall_s']} s)"
                   for k, v in sorted(throughput.items())) + "\n"
+    if deadline is not None:
+        md += (f"\n## Deadline {args.deadline_ms:g} ms (decoding stops {args.anytime_margin_ms:g} ms before it)\n\n"
+               + "\n".join(_deadline_line(episode_logs, name, mode) for name in models for mode in modes) + "\n")
     paths.markdown.write_text(md)
     videos = []
     if args.videos > 0:
         _init_worker(*init)
-        who = "model" if model else "expert"
+        who = models[0] if model else "expert"
         for spec in specs[: args.videos]:
             cfg = LoopConfig(mode="paused", keep_frames=True, **config)
             result = run_episode(spec, args.seed, _planner(who), cfg, scenario_set)

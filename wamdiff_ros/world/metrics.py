@@ -128,6 +128,8 @@ class EpisodeLog:
     forward_calls_per_token: float | None = None
     end_phase: str = ""  # junction routes: approach | junction | exit, where the ego left its route or ended on it
     end_junction_m: float | None = None  # ... and that point's route metres from the ring's / box's start
+    plans_cut: int = 0  # plans cut at a planning deadline (``wamdiff-eval --deadline-ms``) ...
+    anytime_plans: int = 0  # ... of which the best-so-far plan was driven (the rest: the fallback stop)
 
     def __post_init__(self) -> None:
         for name in _TRACE_FIELDS:
