@@ -18,11 +18,11 @@ PLANNER_OUTPUT_FIELDS = {
     "waypoints_base_link": "sequence<geometry_msgs/PoseStamped>",
     "waypoints_odom": "sequence<geometry_msgs/PoseStamped>",
     "waypoint_confidence": "sequence<float>",
-    "boxes": "sequence<wamdiff_ros/BoundingBox2D>",
     "text": "string",
     "valid": "boolean",
     "reason": "string",
     "fallback": "boolean",
+    "anytime": "boolean",
     "block_size": "uint16",
     "denoise_steps": "uint16",
     "forward_calls": "uint16",
@@ -55,7 +55,7 @@ def test_generated_messages_import():
     from wamdiff_ros.planner import Planner  # the pure-Python package and the generated part live side by side
 
     assert Planner is not None
-    for name in ("PlannerOutput", "DrivingCommand", "BoundingBox2D"):
+    for name in ("PlannerOutput", "DrivingCommand", "Detection2DArray", "SceneDescription"):
         cls = getattr(msg, name)
         assert cls.__module__.startswith("wamdiff_ros.msg."), cls.__module__
 
@@ -71,9 +71,22 @@ def test_driving_command_constants():
 def test_planner_output_fields():
     msg = _ros()
     assert msg.PlannerOutput.get_fields_and_field_types() == PLANNER_OUTPUT_FIELDS
-    assert msg.BoundingBox2D.get_fields_and_field_types() == {
-        "label": "string", "score": "float", "x_min": "float", "y_min": "float", "x_max": "float", "y_max": "float",
-    }
+
+
+def test_detections_are_shaped_like_vision_msgs():
+    """Field for field what vision_msgs/Detection2DArray holds (a relay copies them), plus the image size."""
+    msg = _ros()
+    assert msg.Detection2DArray.get_fields_and_field_types() == {
+        "header": "std_msgs/Header", "image_width": "uint32", "image_height": "uint32",
+        "detections": "sequence<wamdiff_ros/Detection2D>"}
+    assert msg.Detection2D.get_fields_and_field_types() == {
+        "header": "std_msgs/Header", "results": "sequence<wamdiff_ros/ObjectHypothesis>",
+        "bbox": "wamdiff_ros/BoundingBox2DCentered", "id": "string"}
+    assert msg.ObjectHypothesis.get_fields_and_field_types() == {"class_id": "string", "score": "double"}
+    assert msg.BoundingBox2DCentered.get_fields_and_field_types() == {
+        "center_x": "double", "center_y": "double", "size_x": "double", "size_y": "double"}
+    assert msg.SceneDescription.get_fields_and_field_types() == {
+        "header": "std_msgs/Header", "text": "string", "questions": "sequence<string>"}
 
 
 def test_planner_output_round_trips_through_rclpy_serialization():
@@ -92,10 +105,8 @@ def test_planner_output_round_trips_through_rclpy_serialization():
             pose.pose.orientation.w = 1.0
             waypoints.append(pose)
     out.waypoint_confidence = [0.5 + 0.0625 * i for i in range(8)]
-    out.boxes = [msg.BoundingBox2D(label="car", score=0.75, x_min=10.0, y_min=20.0, x_max=110.0, y_max=90.5),
-                 msg.BoundingBox2D(label="pedestrian", score=0.5, x_min=300.0, y_min=40.0, x_max=320.0, y_max=95.0)]
     out.text = "Turn left at the intersection; a car ahead."
-    out.valid, out.reason, out.fallback = True, "", False
+    out.valid, out.reason, out.fallback, out.anytime = True, "", False, True
     out.block_size, out.denoise_steps, out.forward_calls, out.new_tokens = 32, 32, 9, 87
     out.vision_ms, out.prefill_ms, out.decode_ms = 12.5, 3.25, 41.0
 
@@ -104,7 +115,7 @@ def test_planner_output_round_trips_through_rclpy_serialization():
     back = deserialize_message(data, msg.PlannerOutput)
     assert back == out
     assert [p.pose.position.x for p in back.waypoints_odom] == [1.5 * (i + 1) for i in range(8)]
-    assert back.boxes[1].label == "pedestrian" and back.header.stamp.nanosec == 250_000_000
+    assert back.anytime and back.header.stamp.nanosec == 250_000_000
 
 
 def test_ament_index_knows_the_package(monkeypatch):

@@ -124,6 +124,6 @@ def test_rviz_config_shows_the_nodes_outputs_and_is_installed():
     node = (ROOT / "wamdiff_ros" / "ros" / "node.py").read_text()
     for topic in topics:
         assert topic.startswith("/wamdiff_planner/") and f'"~/{topic.split("/", 2)[2]}"' in node, topic
-    assert {"/wamdiff_planner/output/path", "/wamdiff_planner/debug/markers"} <= topics
+    assert {"/wamdiff_planner/output/path", "/wamdiff_planner/debug/markers", "/wamdiff_planner/debug/image"} <= topics
     assert config["Global Options"]["Fixed Frame"] == "odom"
     assert re.search(r"install\(DIRECTORY [^)]*\brviz\b", (ROOT / "CMakeLists.txt").read_text())

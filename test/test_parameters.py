@@ -1,23 +1,22 @@
-"""The node's parameter table is the one source of config/planner.yaml and README's parameter table."""
+"""The node's parameter table is the one source of config/planner.yaml and docs/parameters.md."""
 
 import yaml
 
 from wamdiff_ros.decoding.settings import DecodeSettings
-from wamdiff_ros.ros.parameters import (DECODE_PARAMS, PARAMS_FILE, README, TABLE_END, TABLE_START, parameters,
-                                        params_table, params_yaml, readme_with_table)
+from wamdiff_ros.ros.parameters import (DECODE_PARAMS, PARAMS_DOC, PARAMS_FILE, ROOT, parameters, params_doc,
+                                        params_table, params_yaml)
 
 
 def test_param_file_is_written_from_the_table():
     assert PARAMS_FILE.read_text() == params_yaml(), "run: python -m wamdiff_ros.ros.parameters --write"
     values = yaml.safe_load(PARAMS_FILE.read_text())["/**"]["ros__parameters"]
-    assert values == {p.name: p.default for p in parameters()}
+    assert values == {p.name: list(p.default) if isinstance(p.default, tuple) else p.default for p in parameters()}
 
 
-def test_readme_table_is_written_from_the_table():
-    text = README.read_text()
-    assert text.count(TABLE_START) == 1 and text.count(TABLE_END) == 1
-    assert readme_with_table(text) == text, "run: python -m wamdiff_ros.ros.parameters --write"
+def test_parameter_doc_is_written_from_the_table():
+    assert PARAMS_DOC.read_text() == params_doc(), "run: python -m wamdiff_ros.ros.parameters --write"
     assert all(f"| `{p.name}` |" in params_table() for p in parameters())
+    assert "docs/parameters.md" in (ROOT / "README.md").read_text()
 
 
 def test_decode_parameters_take_the_decode_defaults():

@@ -49,14 +49,14 @@ def _messages(path, topics=()):
 
 def test_typestore_has_kilted_and_package_types_with_rosidl_hashes(store):
     assert "sensor_msgs/msg/Image" in store.types and "rosgraph_msgs/msg/Clock" in store.types
-    for name in ("DrivingCommand", "PlannerOutput", "BoundingBox2D"):
+    for name in ("DrivingCommand", "PlannerOutput", "Detection2DArray"):
         assert f"wamdiff_ros/msg/{name}" in store.types
     assert store.types["wamdiff_ros/msg/DrivingCommand"].LEFT == 1
     # the hash rosidl generated when the interfaces were built (make setup) must equal the one rosbags computes
     shares = [d / "msg" for d in bags._share_dirs("wamdiff_ros") if (d / "msg" / "DrivingCommand.json").is_file()]
     if not shares:
         pytest.skip("the package's interfaces are not installed (make setup)")
-    for name in ("DrivingCommand", "PlannerOutput", "BoundingBox2D"):
+    for name in ("DrivingCommand", "PlannerOutput", "Detection2DArray"):
         desc = json.loads((shares[0] / f"{name}.json").read_text())
         rosidl = {h["type_name"]: h["hash_string"] for h in desc["type_hashes"]}
         assert store.hash_rihs01(f"wamdiff_ros/msg/{name}") == rosidl[f"wamdiff_ros/msg/{name}"]

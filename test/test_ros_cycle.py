@@ -161,3 +161,18 @@ def test_deadline_watch_answers_each_frame_once_newest_expired_first():
     assert watch.expired(9.0, 0.3) is None and len(watch) == 0
     watch.add(0.5, "frame after a reset")  # time went backwards: start over
     assert watch.expired(0.9, 0.3) == (0.5, "frame after a reset")
+
+
+def test_clock_rate_follows_the_node_clock_against_the_wall():
+    from wamdiff_ros.ros.cycle import ClockRate
+
+    rate = ClockRate(window_s=2.0)
+    assert rate.rate() is None
+    for i in range(11):  # a simulator at half speed over 1 s of wall time
+        rate.add(100.0 + 0.1 * i, 500.0 + 0.05 * i)
+    assert rate.rate() == pytest.approx(0.5)
+    for i in range(11, 60):  # then paused: the window forgets the running part
+        rate.add(100.0 + 0.1 * i, 500.5)
+    assert rate.rate() == pytest.approx(0.0)
+    rate.add(106.0, 10.0)  # the clock jumps back (a restarted simulator): start over
+    assert rate.rate() is None

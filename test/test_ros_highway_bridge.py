@@ -149,7 +149,7 @@ def test_plan_from_the_node_message_and_malformed_plans():
     plan = Plan(wp, np.ones(8, np.float32), [], "", True, "", PlanStats(forward_calls=12, new_tokens=40))
     header = type("Header", (), {"stamp": bm.time_ns(7_500_000_000)})()
     msg = planner_output_msg(plan, header, (100.0, 5.0, 1.0), conv.waypoints_to_odom(wp, (100.0, 5.0, 1.0)), "odom",
-                             256, 128, False)
+                             False)
     got = bm.plan_from_msg(msg)
     assert got.stamp == 7.5 and got.valid and not got.fallback and got.trackable
     np.testing.assert_allclose(got.waypoints, wp, atol=1e-6)  # base_link, not the odometry frame

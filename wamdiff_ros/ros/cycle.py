@@ -41,6 +41,11 @@ class LatestSlot(Generic[T]):
             item, self._item = self._item, None
             return item
 
+    @property
+    def pending(self) -> bool:
+        """An item is waiting."""
+        return self._item is not None
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -117,6 +122,32 @@ class LatencyWindow:
         return len(self._samples)
 
 
+class ClockRate:
+    """How fast the node's clock runs against the wall clock (1 for the system clock; a simulator's ``/clock`` may
+    run slower, faster or stand still), from (wall, clock) samples over the last ``window_s``; None until they span
+    0.2 s. Turns the time left to a deadline on the node's clock into wall time for the decoder."""
+
+    def __init__(self, window_s: float = 2.0) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, float]] = deque()
+        self._lock = threading.Lock()
+
+    def add(self, wall: float, clock: float) -> None:
+        with self._lock:
+            if self._samples and clock < self._samples[-1][1]:
+                self._samples.clear()  # the clock jumped back
+            self._samples.append((wall, clock))
+            while self._samples and wall - self._samples[0][0] > self.window_s:
+                self._samples.popleft()
+
+    def rate(self) -> float | None:
+        with self._lock:
+            if len(self._samples) < 2 or self._samples[-1][0] - self._samples[0][0] < 0.2:
+                return None
+            (w0, c0), (w1, c1) = self._samples[0], self._samples[-1]
+            return (c1 - c0) / (w1 - w0)
+
+
 @dataclass(slots=True)
 class Counters:
     frames: int = 0
@@ -130,6 +161,7 @@ class Counters:
     blackbox_files: int = 0
     watchdog: int = 0  # fallbacks the watchdog published: no plan by the deadline (model slow or hung)
     discarded: int = 0  # plans that finished after the watchdog had answered their frame: not published
+    anytime: int = 0  # plans cut at the deadline whose best-so-far plan was published (flagged anytime)
     last_error: str = ""
     reasons: dict[str, int] = field(default_factory=dict)
 

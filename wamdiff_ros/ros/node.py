@@ -1,12 +1,15 @@
 """``wamdiff_planner``: the managed (lifecycle) ROS 2 node, a thin shell around ``Planner``.
 
 configure loads the model (a bad path fails the transition with an ERROR diagnostic); activate starts inference
-on one worker thread, always on the latest frame. Inputs: ``~/input/image`` (or ``~/input/image/compressed``),
-``~/input/camera_info``, ``~/input/odometry``, ``~/input/command``, ``~/input/question`` and ``~/input/route``
-(nav_msgs/Path in the odometry's frame; the Planner puts it in the prompt of a model trained with it). Outputs:
-``~/output/path``, ``~/output/plan``, ``~/output/text``, ``~/output/answer``, ``~/debug/markers``,
-``/diagnostics``. Every output is stamped with its input image's stamp. Bad input never stops the node: it is
-counted, logged (throttled) and reported in the diagnostics.
+on one worker thread, always on the latest frame: a plan for every frame it takes, and detection, the scene
+description and questions in the time plans leave (``schedule.py`` states the rule). Inputs: ``~/input/image`` (or
+``~/input/image/compressed``), ``~/input/camera_info``, ``~/input/odometry``, ``~/input/command``,
+``~/input/question`` and ``~/input/route`` (nav_msgs/Path in the odometry's frame; the Planner puts it in the prompt
+of a model trained with it). Outputs: ``~/output/path``, ``~/output/plan``, ``~/output/text``, ``~/output/boxes``,
+``~/output/description``, ``~/output/answer``, ``~/debug/markers``, ``~/debug/image``, ``/diagnostics``. Every output
+is stamped with its input image's stamp. A watchdog answers every frame by ``deadline_ms``: the decoder's
+best-so-far plan (``anytime``) when it has one, else the flagged fallback stop. Bad input never stops the node: it
+is counted, logged (throttled) and reported in the diagnostics.
 """
 
 from __future__ import annotations
@@ -35,14 +38,15 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.attention import AttentionUnavailable
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import WamDiffError
-from wamdiff_ros.msg import DrivingCommand, PlannerOutput
+from wamdiff_ros.msg import Detection2DArray, DrivingCommand, PlannerOutput, SceneDescription
 from wamdiff_ros.model import torch_dtype
 from wamdiff_ros.planner import EgoState, Plan, Planner, PlanStats
 from wamdiff_ros.route_points import route_points_ahead
 from wamdiff_ros.ros import conversions as conv
-from wamdiff_ros.ros.outputs import planner_output_msg
+from wamdiff_ros.ros.outputs import description_msg, detections_msg, planner_output_msg
+from wamdiff_ros.ros.schedule import ANSWER, DESCRIBE, DETECT, PLAN, Scheduler
 from wamdiff_ros.ros.parameters import DECODE_PARAMS, Param, parameters
-from wamdiff_ros.ros.cycle import (Counters, DeadlineWatch, InputLimits, LatencyWindow, LatestSlot, StampedHistory,
+from wamdiff_ros.ros.cycle import (ClockRate, Counters, DeadlineWatch, InputLimits, LatencyWindow, LatestSlot, StampedHistory,
                                    check_inputs, default_command_due)
 from wamdiff_ros.control.stop import fallback_stop
 
@@ -72,6 +76,7 @@ class Frame:
     header: object
     rgb: np.ndarray
     convert_s: float = 0.0  # time spent turning the message into the array
+    arrival: float = 0.0  # time.monotonic() when it arrived
 
 
 @dataclass(slots=True)
@@ -103,7 +108,8 @@ class PlannerNode(LifecycleNode):
     def __init__(self, **kwargs) -> None:
         super().__init__(NODE_NAME, **kwargs)
         for param in parameters():
-            self.declare_parameter(param.name, param.default, _descriptor(param))
+            default = list(param.default) if isinstance(param.default, tuple) else param.default
+            self.declare_parameter(param.name, default, _descriptor(param))
         self.planner: Planner | None = None
         self.counters = Counters()
         self.latency = LatencyWindow()  # inference (plan()) time
@@ -128,6 +134,12 @@ class PlannerNode(LifecycleNode):
         self._worker: threading.Thread | None = None
         self._latest_frame: Frame | None = None
         self._question: str | None = None
+        self.scheduler = Scheduler(self._param("detect_hz"), self._param("describe_hz"))
+        self._planned: tuple[Frame, Plan] | None = None  # the last frame planned (side tasks and the debug image)
+        self._boxes: tuple[float, list] = (-np.inf, [])  # the latest detection: (its frame's stamp, boxes)
+        self._description = ""
+        self._last_debug = -np.inf
+        self._clock_rate = ClockRate()  # node clock vs wall clock, sampled by the watchdog timer
         self._active = False
         self._status = (DiagnosticStatus.WARN, "unconfigured")
         self._fov_warned = False
@@ -167,7 +179,10 @@ class PlannerNode(LifecycleNode):
         self._plan_pub = out(PlannerOutput, "~/output/plan", 10)
         self._text_pub = out(String, "~/output/text", 10)
         self._answer_pub = out(String, "~/output/answer", 10)
+        self._boxes_pub = out(Detection2DArray, "~/output/boxes", 10)
+        self._description_pub = out(SceneDescription, "~/output/description", 10)
         self._marker_pub = out(MarkerArray, "~/debug/markers", 10)
+        self._debug_pub = out(Image, "~/debug/image", 2)
         command_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
                                  durability=DurabilityPolicy.TRANSIENT_LOCAL)
         image_qos = self._image_qos()
@@ -231,7 +246,8 @@ class PlannerNode(LifecycleNode):
         self._stop_worker()
         for sub in list(self.subscriptions):
             self.destroy_subscription(sub)
-        for pub in (self._path_pub, self._plan_pub, self._text_pub, self._answer_pub, self._marker_pub):
+        for pub in (self._path_pub, self._plan_pub, self._text_pub, self._answer_pub, self._boxes_pub,
+                    self._description_pub, self._marker_pub, self._debug_pub):
             self.destroy_lifecycle_publisher(pub)
         self.planner = None
         with self._lock:
@@ -321,6 +337,10 @@ class PlannerNode(LifecycleNode):
                     _check_default_command(p.value)
                 except ValueError as exc:
                     return SetParametersResult(successful=False, reason=str(exc))
+        rates = {p.name: p.value for p in params if p.name in ("detect_hz", "describe_hz")}
+        if rates:
+            self.scheduler.set_rates(rates.get("detect_hz", self._param("detect_hz")),
+                                     rates.get("describe_hz", self._param("describe_hz")))
         changed = {p.name: p.value for p in params if p.name in DECODE_PARAMS}
         if not changed or self.planner is None:
             return SetParametersResult(successful=True)
@@ -350,7 +370,8 @@ class PlannerNode(LifecycleNode):
             self._bad_input("image", exc)
             return
         self.counters.frames += 1
-        frame = Frame(_seconds(header.stamp), header, rgb, time.perf_counter() - t0)
+        frame = Frame(_seconds(header.stamp), header, rgb, time.perf_counter() - t0, time.monotonic())
+        self.scheduler.frame_arrived(frame.arrival)
         self._latest_frame = frame
         self._watch.add(frame.stamp, header)
         self.slot.put(frame)
@@ -416,21 +437,36 @@ class PlannerNode(LifecycleNode):
 
     # -- inference (the worker thread) ---------------------------------------------------------------------------
     def _run(self) -> None:
+        """The scheduler's loop: the waiting frame's plan first, then the side task ``Scheduler.choose`` allows."""
+        side_end = None  # when the last side task ended, if one ran since the last plan
         while self._active:
-            frame = self.slot.take(timeout=0.2)
-            question, self._question = self._question, None
-            if question is not None:
-                self._answer(question)
-            if frame is None:
-                continue
-            try:
-                self._cycle(frame)
-            except Exception as exc:  # keep the node alive whatever happens in one cycle
-                self.counters.errors += 1
-                self.counters.last_error = f"cycle: {exc!r}"
-                self.get_logger().error(f"planning cycle failed: {exc!r}", throttle_duration_sec=2.0)
+            frame = self.slot.take(timeout=0.02 if side_end is None and self._side_tasks_on() else 0.2)
+            if frame is not None:
+                self._guarded("cycle", self._cycle, frame, side_end)
+                side_end = None
+            task = self.scheduler.choose(self._param("deadline_ms") / 1e3, self._question is not None,
+                                         self.slot.pending)
+            if task is not None:
+                start = time.monotonic()
+                if self._guarded(task, self._side_task, task):
+                    side_end = time.monotonic()
+                    self.scheduler.record(task, start, side_end)
 
-    def _cycle(self, frame: Frame) -> None:
+    def _side_tasks_on(self) -> bool:
+        return self._question is not None or self._param("detect_hz") > 0 or self._param("describe_hz") > 0
+
+    def _guarded(self, what: str, fn, *args) -> bool:
+        """``fn(*args)``; an exception is counted and logged, never ends the worker. True when it ran through."""
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:  # keep the node alive whatever happens in one task
+            self.counters.errors += 1
+            self.counters.last_error = f"{what}: {exc!r}"
+            self.get_logger().error(f"{what} failed: {exc!r}", throttle_duration_sec=2.0)
+            return False
+
+    def _cycle(self, frame: Frame, side_end: float | None = None) -> None:
         limits = InputLimits(self._param("sync_tolerance_ms") / 1e3, self._param("command_timeout_s"))
         if frame.stamp < self._last_image_stamp:  # a looping bag or a restarted simulator: start over
             self.counters.resets += 1
@@ -457,21 +493,29 @@ class PlannerNode(LifecycleNode):
         _, (pose, ego) = odom
         planner = self.planner
         route = self._route_points(pose)
-        t0 = time.perf_counter()
+        t0, start = time.perf_counter(), time.monotonic()
+        deadline_ms = self._param("deadline_ms")
+        decode_deadline = None  # perf_counter time at which decoding answers its best so far
+        rate = 1.0 if not self.get_parameter("use_sim_time").value else self._clock_rate.rate()
+        if self._param("anytime") and rate is not None and rate > 1e-3:  # sim time standing still: no cut
+            left_s = (frame.stamp + deadline_ms / 1e3 - self._now()) / rate
+            decode_deadline = t0 + left_s - self._param("anytime_margin_ms") / 1e3
         try:
-            plan = planner.plan(frame.rgb, ego, command[1], route=route)
+            plan = planner.plan(frame.rgb, ego, command[1], route=route, deadline=decode_deadline)
             self._plan_route = plan.stats.route
-            failure = None if plan.valid else f"invalid plan: {plan.reason}"
+            failure = None if plan.valid else f"invalid {'anytime ' if plan.anytime else ''}plan: {plan.reason}"
         except Exception as exc:
             plan, failure = None, f"model error: {exc!r}"
             self.counters.errors += 1
             self.counters.last_error = failure
         elapsed = time.perf_counter() - t0
         age_ms = (self._now() - frame.stamp) * 1e3
-        if failure is None and age_ms > self._param("deadline_ms"):
+        if plan is not None and age_ms > deadline_ms:
             self.counters.late += 1
-            failure = f"late: {age_ms:.0f} ms after the image (deadline {self._param('deadline_ms'):.0f} ms)"
+            failure = f"late: {age_ms:.0f} ms after the image (deadline {deadline_ms:.0f} ms)"
         self.latency.add(elapsed)
+        self.scheduler.record(PLAN, start, time.monotonic())
+        self.scheduler.plan_done(frame.arrival, side_end, late=age_ms > deadline_ms)
         self.counters.planned += 1
         t_publish = time.perf_counter()
         with self._publishing:
@@ -480,7 +524,11 @@ class PlannerNode(LifecycleNode):
                 return
             if failure is not None:
                 plan = self._fallback(plan, ego, pose, failure)
-            self._publish(frame.header, frame.rgb.shape[:2], plan, pose, fallback=failure is not None)
+            elif plan.anytime:
+                self.counters.anytime += 1
+            self._publish(frame.header, plan, pose, fallback=failure is not None)
+        self._planned = (frame, plan)
+        self._publish_debug_image(frame, plan)
         self.ros_overhead.add(frame.convert_s + time.perf_counter() - t_publish)
         self.frame_to_plan.add(self._now() - frame.stamp)
 
@@ -518,6 +566,7 @@ class PlannerNode(LifecycleNode):
         flagged fallback now, whether inference is slow, hung or failing; its plan, if it still comes, is discarded."""
         if not self._active:
             return
+        self._clock_rate.add(time.monotonic(), self._now())
         deadline_ms = self._param("deadline_ms")
         expired = self._watch.expired(self._now(), deadline_ms / 1e3)
         if expired is None:
@@ -532,7 +581,7 @@ class PlannerNode(LifecycleNode):
         plan = self._fallback(None, ego, pose, f"watchdog: no plan {age_ms:.0f} ms after the image "
                                                f"(deadline {deadline_ms:.0f} ms)")
         with self._publishing:
-            self._publish(header, (0, 0), plan, pose, fallback=True)  # a stop has no boxes to scale
+            self._publish(header, plan, pose, fallback=True)
 
     def _fallback(self, plan: Plan | None, ego: EgoState, pose, reason: str) -> Plan:
         self.counters.fallback += 1
@@ -545,32 +594,64 @@ class PlannerNode(LifecycleNode):
         return Plan(waypoints, np.zeros(fmt.NUM_WAYPOINTS, np.float32), [], plan.text if plan else "", False,
                     reason, stats)
 
-    def _publish(self, header, size: tuple[int, int], plan: Plan, pose, fallback: bool) -> None:
-        """The plan's outputs, stamped with its image's ``header``; ``size``: the image's (height, width), to which
-        boxes are scaled."""
+    def _publish(self, header, plan: Plan, pose, fallback: bool) -> None:
+        """The plan's outputs, stamped with its image's ``header``."""
         stamp = header.stamp
         odom_frame = self._odom_frame_id or DEFAULT_ODOM_FRAME  # the odometry's own frame (map, odom, ...)
         waypoints_odom = conv.waypoints_to_odom(plan.waypoints, pose)
         if plan.valid:
             with self._lock:
                 self._last_path_odom = waypoints_odom
-        height, width = size
-        self._plan_pub.publish(planner_output_msg(plan, header, pose, waypoints_odom, odom_frame, width, height,
-                                                  fallback))
+        self._plan_pub.publish(planner_output_msg(plan, header, pose, waypoints_odom, odom_frame, fallback))
         self._path_pub.publish(conv.path_msg(waypoints_odom, stamp, odom_frame, origin=pose))
         self._text_pub.publish(String(data=plan.text))
         self._marker_pub.publish(conv.markers_msg(waypoints_odom, plan.waypoint_confidence, plan.text, stamp,
                                                   odom_frame, NODE_NAME))
 
-    def _answer(self, question: str) -> None:
-        frame, planner = self._latest_frame, self.planner
-        if planner is None or frame is None:
-            self.get_logger().warning("question ignored: no image yet", throttle_duration_sec=2.0)
+    def _side_task(self, task: str) -> None:
+        """Detection, the description or the pending question, on the last planned frame (the newest image before
+        the first plan), stamped with that frame's header."""
+        planner, planned = self.planner, self._planned
+        frame = planned[0] if planned is not None else self._latest_frame
+        if task == ANSWER:
+            question, self._question = self._question, None
+            if frame is None:
+                self.get_logger().warning("question ignored: no image yet", throttle_duration_sec=2.0)
+                return
+            try:
+                self._answer_pub.publish(String(data=planner.ask(frame.rgb, question).text))
+            except WamDiffError as exc:
+                self._bad_input("question", exc)
             return
-        try:
-            self._answer_pub.publish(String(data=planner.ask(frame.rgb, question).text))
-        except Exception as exc:
-            self._bad_input("question", exc)
+        if frame is None:
+            return
+        height, width = frame.rgb.shape[:2]
+        if task == DETECT:
+            boxes = planner.detect(frame.rgb).boxes
+            self._boxes = (frame.stamp, boxes)
+            self._boxes_pub.publish(detections_msg(boxes, frame.header, width, height))
+        elif task == DESCRIBE:
+            questions = list(self._param("describe_questions"))
+            text = " ".join(t for t in (planner.ask(frame.rgb, q).text.strip() for q in questions) if t)
+            self._description = text
+            self._description_pub.publish(description_msg(text, questions, frame.header))
+
+    def _publish_debug_image(self, frame: Frame, plan: Plan) -> None:
+        """The frame with its plan (waypoints coloured by confidence), the latest boxes and description drawn, at
+        most ``debug_image_hz`` a second and only while someone subscribes."""
+        hz = self._param("debug_image_hz")
+        now = time.monotonic()
+        if hz <= 0 or now - self._last_debug < 1.0 / hz or self._debug_pub.get_subscription_count() == 0:
+            return
+        self._last_debug = now
+        from wamdiff_ros.draw import CameraModel, draw_plan
+
+        stamp, boxes = self._boxes
+        label = "fallback stop" if not plan.valid else "anytime plan" if plan.anytime else ""
+        text = " | ".join(t for t in (label, self._description) if t)
+        image = draw_plan(frame.rgb, plan.waypoints, boxes, plan.waypoint_confidence, text,
+                          CameraModel(fov_deg=self._param("model_fov_deg")))
+        self._debug_pub.publish(conv.rgb_to_image(np.asarray(image), frame.header.stamp, frame.header.frame_id))
 
     # -- diagnostics -------------------------------------------------------------------------------------------
     def _fail(self, message: str) -> None:
@@ -587,6 +668,7 @@ class PlannerNode(LifecycleNode):
         values = {f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name != "reasons"}
         values.update({f"skipped.{k}": v for k, v in c.reasons.items()})
         values["dropped"] = self.slot.replaced  # frames replaced before inference took them
+        values.update(self.scheduler.values())
         for name, window in (("inference", self.latency), ("frame_to_plan", self.frame_to_plan),
                              ("ros_overhead", self.ros_overhead)):
             values[f"{name}_p50_ms"] = round(1e3 * window.percentile(50), 3)

@@ -1,11 +1,13 @@
-"""Plan -> the package's own PlannerOutput message (the generated ``wamdiff_ros.msg`` interfaces)."""
+"""Plan, boxes and descriptions -> the package's own messages (the generated ``wamdiff_ros.msg`` interfaces)."""
 
 from __future__ import annotations
 
 import numpy as np
 from geometry_msgs.msg import PoseStamped
 
-from wamdiff_ros.msg import BoundingBox2D, PlannerOutput
+from wamdiff_ros import format as fmt
+from wamdiff_ros.msg import (BoundingBox2DCentered, Detection2D, Detection2DArray, ObjectHypothesis, PlannerOutput,
+                             SceneDescription)
 from wamdiff_ros.planner import Plan
 from wamdiff_ros.ros import conversions as conv
 
@@ -17,23 +19,19 @@ def _poses(waypoints: np.ndarray, header, frame_id: str, origin) -> list[PoseSta
 
 
 def planner_output_msg(plan: Plan, header, pose: tuple[float, float, float], waypoints_odom: np.ndarray,
-                       odom_frame: str, width: int, height: int, fallback: bool) -> PlannerOutput:
-    """``header``: the input image's (its stamp is the output's); ``pose``: the ego in the odometry frame;
-    boxes scaled from the 0-1000 grid to pixels."""
+                       odom_frame: str, fallback: bool) -> PlannerOutput:
+    """``header``: the input image's (its stamp is the output's); ``pose``: the ego in the odometry frame."""
     msg = PlannerOutput()
     msg.header.stamp = header.stamp
     msg.header.frame_id = BASE_FRAME
     msg.waypoints_base_link = _poses(plan.waypoints, header, BASE_FRAME, (0.0, 0.0, 0.0))
     msg.waypoints_odom = _poses(waypoints_odom, header, odom_frame, pose)
     msg.waypoint_confidence = [float(c) for c in plan.waypoint_confidence]
-    for box in plan.boxes:
-        x0, y0, x1, y1 = conv.box_to_pixels(box, width, height)
-        msg.boxes.append(BoundingBox2D(label=box.label, score=float(box.score), x_min=float(x0), y_min=float(y0),
-                                       x_max=float(x1), y_max=float(y1)))
     msg.text = plan.text
     msg.valid = bool(plan.valid)
     msg.reason = plan.reason
     msg.fallback = bool(fallback)
+    msg.anytime = bool(plan.anytime) and not fallback
     s = plan.stats
     msg.block_size = int(s.block_size)
     msg.denoise_steps = min(int(s.denoise_steps), 65535)
@@ -43,3 +41,20 @@ def planner_output_msg(plan: Plan, header, pose: tuple[float, float, float], way
     msg.prefill_ms = float(s.prefill_s * 1e3)
     msg.decode_ms = float(s.decode_s * 1e3)
     return msg
+
+
+def detections_msg(boxes: list[fmt.Box], header, width: int, height: int) -> Detection2DArray:
+    """The model's boxes (0-1000 grid) on the image of ``header`` (``width`` x ``height`` pixels), in pixels."""
+    msg = Detection2DArray(header=header, image_width=int(width), image_height=int(height))
+    for i, box in enumerate(boxes):
+        x0, y0, x1, y1 = conv.box_to_pixels(box, width, height)
+        msg.detections.append(Detection2D(
+            header=header, results=[ObjectHypothesis(class_id=box.label, score=float(box.score))],
+            bbox=BoundingBox2DCentered(center_x=(x0 + x1) / 2, center_y=(y0 + y1) / 2, size_x=float(x1 - x0),
+                                       size_y=float(y1 - y0)),
+            id=str(i)))
+    return msg
+
+
+def description_msg(text: str, questions: list[str], header) -> SceneDescription:
+    return SceneDescription(header=header, text=text, questions=list(questions))

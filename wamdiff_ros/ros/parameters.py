@@ -1,5 +1,5 @@
 """The planner node's parameters: the one table the node declares from, and from which config/planner.yaml and
-README's parameter table are written (``python -m wamdiff_ros.ros.parameters --write``; a test holds them equal).
+docs/parameters.md are written (``python -m wamdiff_ros.ros.parameters --write``; a test holds them equal).
 rclpy-free."""
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from wamdiff_ros.model_names import DEFAULT_MODEL, DTYPE_NAMES, MODEL_HELP
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS_FILE = ROOT / "config" / "planner.yaml"
-README = ROOT / "README.md"
-TABLE_START, TABLE_END = "<!-- params:start -->", "<!-- params:end -->"
+PARAMS_DOC = ROOT / "docs" / "parameters.md"
+# the shipped model was trained on these (training/wamdiff_training/world/questions.py); a real checkpoint may take
+# one open question, e.g. "Describe the driving scene in one sentence."
+DESCRIBE_QUESTIONS = ("Which lane are we driving in?", "How far ahead is the vehicle in front of us in our lane?")
 DECODE_PARAMS = ("block_size", "steps", "threshold", "schedule", "max_new_tokens", "constrain", "attention",
                  "cuda_graph", "strict_attention")
 
@@ -25,7 +27,7 @@ DECODE_PARAMS = ("block_size", "steps", "threshold", "schedule", "max_new_tokens
 @dataclass(frozen=True, slots=True)
 class Param:
     name: str
-    default: bool | int | float | str
+    default: bool | int | float | str | tuple[str, ...]
     description: str
     low: float | None = None  # inclusive range, for numbers
     high: float | None = None
@@ -34,7 +36,7 @@ class Param:
 
     @property
     def type_name(self) -> str:
-        return {bool: "bool", int: "int", float: "double", str: "string"}[type(self.default)]
+        return {bool: "bool", int: "int", float: "double", str: "string", tuple: "string[]"}[type(self.default)]
 
     @property
     def changes(self) -> str:
@@ -79,6 +81,17 @@ def parameters() -> tuple[Param, ...]:
               "has arrived on ~/input/command; '' = skip the cycle"),
         Param("deadline_ms", 1000.0, "a plan later than this after its image stamp is replaced by the fallback",
               1.0, 60000.0),
+        Param("anytime", True, "at deadline_ms, publish the decoder's best-so-far plan (flagged anytime) instead of "
+              "the fallback stop when it is valid"),
+        Param("anytime_margin_ms", 10.0, "decoding stops refining this long before deadline_ms (time for the anytime "
+              "plan's one fill forward and publishing)", 0.0, 10000.0),
+        Param("detect_hz", 1.0, "detections (~/output/boxes) per second, in the time plans leave free; 0 = off",
+              0.0, 100.0),
+        Param("describe_hz", 0.5, "scene descriptions (~/output/description) per second, in the time plans leave "
+              "free; 0 = off", 0.0, 100.0),
+        Param("describe_questions", DESCRIBE_QUESTIONS, "the questions whose answers make up the description"),
+        Param("debug_image_hz", 2.0, "~/debug/image (the frame with waypoints, boxes and description) per second, "
+              "while someone subscribes; 0 = off", 0.0, 100.0),
         Param("fallback_decel", 2.0, "deceleration of the fallback stop, m/s^2", 0.5, 8.0),
         Param("watchdog_period_ms", 50.0, "how often the watchdog looks for frames past deadline_ms without a plan "
               "(it publishes their fallback whatever inference is doing)", 5.0, 1000.0, on_restart=True),
@@ -91,7 +104,9 @@ def parameters() -> tuple[Param, ...]:
     )
 
 
-def _yaml_value(value: bool | int | float | str) -> str:
+def _yaml_value(value: bool | int | float | str | tuple[str, ...]) -> str:
+    if isinstance(value, tuple):
+        return json.dumps(list(value))
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -110,7 +125,7 @@ def params_yaml() -> str:
 
 
 def params_table() -> str:
-    """README's parameter table (Markdown)."""
+    """The parameter table (Markdown)."""
     rows = ["| name | type | default | range | changes | description |", "|---|---|---|---|---|---|"]
     for p in parameters():
         default = f"`{p.default}`" if isinstance(p.default, str) and p.default else (
@@ -121,21 +136,26 @@ def params_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def readme_with_table(text: str) -> str:
-    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
-    return text[:start] + "\n" + params_table() + text[end:]
+def params_doc() -> str:
+    """docs/parameters.md."""
+    return ("# Parameters of the `wamdiff_planner` node\n\n"
+            "Written by `python -m wamdiff_ros.ros.parameters --write` from `wamdiff_ros/ros/parameters.py`, the node's "
+            "own table (a test holds\nthis file, `config/planner.yaml` and the node's declarations equal). "
+            "`config/planner.yaml` (`/**: ros__parameters:`) holds\nthe defaults; `params_file:=` replaces it. A bad "
+            "value, or a block size above the checkpoint's trained one, is rejected\nwith the reason. *live*: takes "
+            "effect at the next cycle (`ros2 param set`); *on restart*: read once at start.\n\n" + params_table())
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--write", action="store_true", help="rewrite config/planner.yaml and README's table")
+    p.add_argument("--write", action="store_true", help="rewrite config/planner.yaml and docs/parameters.md")
     args = p.parse_args(argv)
     if not args.write:
         print(params_yaml(), end="")
         return 0
     PARAMS_FILE.write_text(params_yaml())
-    README.write_text(readme_with_table(README.read_text()))
-    print(f"wrote {PARAMS_FILE} and the table in {README}")
+    PARAMS_DOC.write_text(params_doc())
+    print(f"wrote {PARAMS_FILE} and {PARAMS_DOC}")
     return 0
 
 
