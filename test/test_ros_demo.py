@@ -47,6 +47,9 @@ def test_demo_replays_records_and_draws(tmp_path, capsys, monkeypatch):
     assert "closed-loop drive" not in out and not (tmp_path / "closed_loop").exists()
     counts = {topic: n for topic, (_, n) in topic_counts(tmp_path / "outputs.mcap").items()}
     assert counts["/wamdiff_planner/output/plan"] >= 20 and counts["/diagnostics"] >= 1  # of 100 frames
+    # detection at 1 Hz and the description at 0.5 Hz over the 10 s bag, drawn under the plans of later frames
+    assert counts["/wamdiff_planner/output/boxes"] >= 3 and counts["/wamdiff_planner/output/description"] >= 2
+    assert "detections (" in out and "descriptions" in out
     # the replay starts once the recorder hears the node's outputs, so the first frame's plan is in the recording
     assert _first_stamp(BAG, "/wamdiff_planner/input/image", Image_msg) == _first_stamp(
         tmp_path / "outputs.mcap", "/wamdiff_planner/output/plan", PlannerOutput)

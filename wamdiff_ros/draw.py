@@ -15,6 +15,7 @@ from PIL import Image, ImageDraw, ImageFont
 from wamdiff_ros.format import BOX_GRID, Box
 
 STRIP_HEIGHT = 24  # text strip below the images, pixels; the bird's-eye panel is square (its width is the height)
+LINE_HEIGHT = 12  # each further line of text ("\n") makes the strip this much taller
 GRID_M = 5.0
 MAX_RANGE_M = 200.0  # the bird's-eye panel shows at most this far ahead; farther points fall off it
 MIN_FRONT_M = 0.1
@@ -120,7 +121,8 @@ def draw_plan(image: np.ndarray, waypoints: np.ndarray, boxes: Sequence[Box] = (
               confidence: np.ndarray | None = None, text: str = "",
               camera: CameraModel = CameraModel()) -> Image.Image:
     """Camera image (H, W, 3) uint8 with the projected path and the boxes, a square (H x H) bird's-eye panel on its
-    right, and ``text`` on a strip below: a (W + H, H + STRIP_HEIGHT) RGB image. Non-finite waypoints are skipped."""
+    right, and ``text`` on a strip below: a (W + H, H + STRIP_HEIGHT) RGB image, LINE_HEIGHT taller per further line of
+``text``. Non-finite waypoints are skipped."""
     arr = np.asarray(image)
     if arr.ndim == 2:
         arr = np.repeat(arr[..., None], 3, axis=2)
@@ -146,11 +148,14 @@ def draw_plan(image: np.ndarray, waypoints: np.ndarray, boxes: Sequence[Box] = (
     uv, front = camera.project(wp, w, h)
     _draw_path(d, uv, front, colours, radius=max(2.0, w / 160))
 
-    out = Image.new("RGB", (w + h, h + STRIP_HEIGHT), (0, 0, 0))
+    lines = text.split("\n") if text else []
+    strip = STRIP_HEIGHT + LINE_HEIGHT * max(len(lines) - 1, 0)
+    out = Image.new("RGB", (w + h, h + strip), (0, 0, 0))
     out.paste(cam, (0, 0))
     out.paste(_birds_eye(h, wp, colours), (w, 0))
-    if text:
-        ImageDraw.Draw(out).text((4, h + (STRIP_HEIGHT - 11) // 2), text, fill=(235, 235, 235), font=font)
+    for i, line in enumerate(lines):
+        ImageDraw.Draw(out).text((4, h + (STRIP_HEIGHT - 11) // 2 + LINE_HEIGHT * i), line, fill=(235, 235, 235),
+                                 font=font)
     return out
 
 

@@ -41,10 +41,9 @@ class LatestSlot(Generic[T]):
             item, self._item = self._item, None
             return item
 
-    @property
-    def pending(self) -> bool:
-        """An item is waiting."""
-        return self._item is not None
+    def peek(self) -> T | None:
+        """The pending item, left in place (None when none)."""
+        return self._item
 
     def close(self) -> None:
         with self._cond:

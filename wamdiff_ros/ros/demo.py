@@ -1,6 +1,6 @@
 """``wamdiff-demo``: the whole ROS path on one machine. Starts the planner node (simulated time), replays the sample
-drive bag into it with ``/clock``, records the node's outputs to MCAP, and draws every plan on its camera frame: a PNG
-strip, an animated GIF and a latency summary. Then (unless ``--no-drive``) the same model drives one episode of the
+drive bag into it with ``/clock``, records the node's outputs to MCAP, and draws every plan on its camera frame with
+the latest boxes and scene description: a PNG strip, an animated GIF and a latency summary. Then (unless ``--no-drive``) the same model drives one episode of the
 CPU world's highway scenario through real topics (``wamdiff-closed-loop-ros``) and the demo prints its Bench2Drive
 driving score, next to the model's measured closed-loop score when its folder holds ``eval_summary.json``."""
 
@@ -20,7 +20,8 @@ from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, TINY_RANDOM, is_m
 from wamdiff_ros.ros.processes import python_module, ros_environment, share_file, shut_down
 
 NODE = "/wamdiff_planner"
-OUTPUT_TOPICS = (f"{NODE}/output/plan", f"{NODE}/output/path", "/diagnostics")
+OUTPUT_TOPICS = (f"{NODE}/output/plan", f"{NODE}/output/path", "/diagnostics", f"{NODE}/output/boxes",
+                 f"{NODE}/output/description")
 DRIVE_SCENARIO = "highway"
 EVAL_SUMMARY = "eval_summary.json"  # the model's measured closed-loop score, written when the model is exported
 
@@ -79,7 +80,7 @@ def report(bag: Path, recording: Path, out: Path) -> int:
     from sensor_msgs.msg import Image
 
     from wamdiff_ros.draw import draw_plan
-    from wamdiff_ros.msg import PlannerOutput
+    from wamdiff_ros.msg import Detection2DArray, PlannerOutput, SceneDescription
     from wamdiff_ros.ros.bags import read_messages
     from wamdiff_ros.ros.conversions import image_to_rgb, stamp_to_sec
     from wamdiff_ros.world.camera import CameraConfig
@@ -90,22 +91,29 @@ def report(bag: Path, recording: Path, out: Path) -> int:
     for conn, _, raw in read_messages(bag, [f"{NODE}/input/image"]):
         msg = deserialize_message(bytes(raw), Image)
         frames[round(stamp_to_sec(msg.header.stamp), 6)] = image_to_rgb(msg)
-    plans, diagnostics = [], None
-    for conn, _, raw in read_messages(recording, [OUTPUT_TOPICS[0], OUTPUT_TOPICS[2]]):
-        if conn.topic == OUTPUT_TOPICS[0]:
-            plans.append(deserialize_message(bytes(raw), PlannerOutput))
+    plans, diagnostics, detections, descriptions = [], None, [], []
+    kinds = {OUTPUT_TOPICS[0]: PlannerOutput, OUTPUT_TOPICS[2]: DiagnosticArray, OUTPUT_TOPICS[3]: Detection2DArray,
+             OUTPUT_TOPICS[4]: SceneDescription}
+    for conn, _, raw in read_messages(recording, list(kinds)):
+        msg = deserialize_message(bytes(raw), kinds[conn.topic])
+        if conn.topic == OUTPUT_TOPICS[2]:
+            diagnostics = msg
         else:
-            diagnostics = deserialize_message(bytes(raw), DiagnosticArray)
+            {OUTPUT_TOPICS[0]: plans, OUTPUT_TOPICS[3]: detections, OUTPUT_TOPICS[4]: descriptions}[conn.topic].append(msg)
     drawn = []
     for plan in plans:
-        image = frames.get(round(stamp_to_sec(plan.header.stamp), 6))
+        t = stamp_to_sec(plan.header.stamp)
+        image = frames.get(round(t, 6))
         if image is None:
             continue
         wp = np.array([[p.pose.position.x, p.pose.position.y] for p in plan.waypoints_base_link], np.float32)
-        label = (f"t={stamp_to_sec(plan.header.stamp) - min(frames):5.2f}s  B={plan.block_size}  "
-                 f"{plan.forward_calls} fwd  decode {plan.decode_ms:.0f} ms  "
-                 + ("FALLBACK " + plan.reason if plan.fallback else "valid" if plan.valid else plan.reason))
-        drawn.append(draw_plan(image, wp, confidence=np.array(plan.waypoint_confidence), text=label, camera=camera))
+        boxes, seen = _latest(detections, t), _latest(descriptions, t)
+        label = (f"t={t - min(frames):5.2f}s  B={plan.block_size}  {plan.forward_calls} fwd  decode "
+                 f"{plan.decode_ms:.0f} ms  " + ("FALLBACK " + plan.reason if plan.fallback else
+                                                 "anytime" if plan.anytime else "valid" if plan.valid else plan.reason))
+        label += "\n" + (seen.text if seen is not None else "(no description yet)")
+        drawn.append(draw_plan(image, wp, _boxes(boxes), confidence=np.array(plan.waypoint_confidence), text=label,
+                               camera=camera))
     if not drawn:
         print(f"no plan matched a camera frame ({len(plans)} plans recorded)", file=sys.stderr)
         return 1
@@ -119,7 +127,10 @@ def report(bag: Path, recording: Path, out: Path) -> int:
     values = {kv.key: kv.value for kv in diagnostics.status[0].values} if diagnostics else {}
     fallbacks = sum(p.fallback for p in plans)
     print(f"{len(frames)} camera frames replayed, {len(plans)} plans recorded ({fallbacks} fallbacks), "
-          f"{len(drawn)} drawn")
+          f"{len(drawn)} drawn; {len(detections)} detections ({sum(len(d.detections) for d in detections)} boxes), "
+          f"{len(descriptions)} descriptions")
+    if descriptions:
+        print(f"last description: {descriptions[-1].text!r}")
     if values:
         print(f"node (its last diagnostics before the bag ended): frames {values.get('frames')}, "
               f"planned {values.get('planned')}, dropped (newer frame won) "
@@ -129,6 +140,30 @@ def report(bag: Path, recording: Path, out: Path) -> int:
               f"ROS overhead p50 {values.get('ros_overhead_p50_ms')} ms")
     print(f"wrote {out / 'demo_strip.png'}, {out / 'demo.gif'}, {recording}")
     return 0
+
+
+def _latest(messages: list, t: float):
+    """The newest of ``messages`` (stamped outputs) made from a frame at or before ``t``, or None."""
+    from wamdiff_ros.ros.conversions import stamp_to_sec
+
+    before = [m for m in messages if stamp_to_sec(m.header.stamp) <= t + 1e-6]
+    return max(before, key=lambda m: stamp_to_sec(m.header.stamp), default=None)
+
+
+def _boxes(detections) -> list:
+    """A Detection2DArray's pixel boxes back on the model's 0-1000 grid (what ``draw_plan`` takes)."""
+    from wamdiff_ros import format as fmt
+
+    if detections is None or not detections.image_width or not detections.image_height:
+        return []
+    sx, sy = fmt.BOX_GRID / detections.image_width, fmt.BOX_GRID / detections.image_height
+    out = []
+    for d in detections.detections:
+        b, hyp = d.bbox, d.results[0] if d.results else None
+        out.append(fmt.Box(hyp.class_id if hyp else "", (b.center_x - b.size_x / 2) * sx,
+                           (b.center_y - b.size_y / 2) * sy, (b.center_x + b.size_x / 2) * sx,
+                           (b.center_y + b.size_y / 2) * sy, hyp.score if hyp else 1.0))
+    return out
 
 
 def drive(model: str, out: Path, seconds: float) -> int:

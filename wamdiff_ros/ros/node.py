@@ -444,27 +444,27 @@ class PlannerNode(LifecycleNode):
             if frame is not None:
                 self._guarded("cycle", self._cycle, frame, side_end)
                 side_end = None
+            waiting = self.slot.peek()
             task = self.scheduler.choose(self._param("deadline_ms") / 1e3, self._question is not None,
-                                         self.slot.pending)
+                                         waiting.arrival if waiting is not None else None)
             if task is not None:
                 start = time.monotonic()
-                if self._guarded(task, self._side_task, task):
+                if self._guarded(task, self._side_task, task):  # False: no frame yet, None: it failed
                     side_end = time.monotonic()
                     self.scheduler.record(task, start, side_end)
 
     def _side_tasks_on(self) -> bool:
         return self._question is not None or self._param("detect_hz") > 0 or self._param("describe_hz") > 0
 
-    def _guarded(self, what: str, fn, *args) -> bool:
-        """``fn(*args)``; an exception is counted and logged, never ends the worker. True when it ran through."""
+    def _guarded(self, what: str, fn, *args):
+        """``fn(*args)``'s result; an exception is counted and logged (None), it never ends the worker."""
         try:
-            fn(*args)
-            return True
+            return fn(*args)
         except Exception as exc:  # keep the node alive whatever happens in one task
             self.counters.errors += 1
             self.counters.last_error = f"{what}: {exc!r}"
             self.get_logger().error(f"{what} failed: {exc!r}", throttle_duration_sec=2.0)
-            return False
+            return None
 
     def _cycle(self, frame: Frame, side_end: float | None = None) -> None:
         limits = InputLimits(self._param("sync_tolerance_ms") / 1e3, self._param("command_timeout_s"))
@@ -608,23 +608,23 @@ class PlannerNode(LifecycleNode):
         self._marker_pub.publish(conv.markers_msg(waypoints_odom, plan.waypoint_confidence, plan.text, stamp,
                                                   odom_frame, NODE_NAME))
 
-    def _side_task(self, task: str) -> None:
+    def _side_task(self, task: str) -> bool:
         """Detection, the description or the pending question, on the last planned frame (the newest image before
-        the first plan), stamped with that frame's header."""
+        the first plan), stamped with that frame's header; False when there is no frame to look at yet."""
         planner, planned = self.planner, self._planned
         frame = planned[0] if planned is not None else self._latest_frame
         if task == ANSWER:
             question, self._question = self._question, None
             if frame is None:
                 self.get_logger().warning("question ignored: no image yet", throttle_duration_sec=2.0)
-                return
+                return False
             try:
                 self._answer_pub.publish(String(data=planner.ask(frame.rgb, question).text))
             except WamDiffError as exc:
                 self._bad_input("question", exc)
-            return
+            return True
         if frame is None:
-            return
+            return False
         height, width = frame.rgb.shape[:2]
         if task == DETECT:
             boxes = planner.detect(frame.rgb).boxes
@@ -635,6 +635,7 @@ class PlannerNode(LifecycleNode):
             text = " ".join(t for t in (planner.ask(frame.rgb, q).text.strip() for q in questions) if t)
             self._description = text
             self._description_pub.publish(description_msg(text, questions, frame.header))
+        return True
 
     def _publish_debug_image(self, frame: Frame, plan: Plan) -> None:
         """The frame with its plan (waypoints coloured by confidence), the latest boxes and description drawn, at

@@ -1,12 +1,13 @@
 """The inference thread's scheduler, free of rclpy: a plan for every frame first; detection, the scene description
 and questions in the time plans leave free.
 
-The rule. Frames arrive about every ``P`` s (the median of recent arrival intervals), so the next one is expected at
-``t_next = max(now, last arrival + P)``; its plan must be out ``deadline`` s after it and takes about ``L`` (the plan
-latency's p99). A side task expected to take ``d`` (its own latency's p99; before its first run, ``L``) may start
-at ``now`` only if it ends in time for that plan: ``now + d + L <= t_next + deadline``. A frame already waiting is
-planned first. So a side task can delay the next plan but never, by these estimates, past its deadline; a task
-refused is counted as skipped (once per due instance) and tried again after the next plan.
+The rule. The next frame to plan is the one waiting, if any (``t_next`` = its arrival); else frames arrive about
+every ``P`` s (the median of recent arrival intervals) and the next is expected at ``t_next = max(now, last arrival
++ P)``. Its plan must be out ``deadline`` s after it and takes about ``L`` (the plan latency's p99). A side task
+expected to take ``d`` (its own latency's p99; before its first run, ``L``) may start at ``now`` only if that plan
+still ends in time: ``now + d + L <= t_next + deadline``. So a side task may delay a plan (a newer frame may then
+replace the waiting one: frames are never queued) but never, by these estimates, past its deadline; a task refused
+is counted as skipped (once per due instance) and tried again after the next plan.
 
 Due: detection every ``1 / detect_hz`` s, the description every ``1 / describe_hz`` s (0 Hz: never), a question as
 soon as one is pending; among those due, questions first, then the task waiting longest past its due time.
@@ -89,15 +90,18 @@ class Scheduler:
                 return window.percentile(99)
         return 0.0
 
-    def next_frame(self, now: float) -> float:
+    def next_frame(self, now: float, waiting_since: float | None = None) -> float:
+        """When the next frame to plan arrived (``waiting_since``: a frame is waiting) or is expected to."""
+        if waiting_since is not None:
+            return waiting_since
         period = self.frame_period()
         if period is None or not self._arrivals:
             return now
         return max(now, self._arrivals[-1] + period)
 
-    def slack(self, now: float, deadline_s: float) -> float:
+    def slack(self, now: float, deadline_s: float, waiting_since: float | None = None) -> float:
         """Seconds a side task may take from ``now`` without pushing the next plan past ``deadline_s``."""
-        return self.next_frame(now) + deadline_s - self.expected(PLAN) - now
+        return self.next_frame(now, waiting_since) + deadline_s - self.expected(PLAN) - now
 
     def due(self, name: str, now: float, question_pending: bool = False) -> bool:
         if name == ANSWER:
@@ -105,15 +109,16 @@ class Scheduler:
         period = self.periods[name]
         return period > 0 and now - self.tasks[name].last_start >= period
 
-    def choose(self, deadline_s: float, question_pending: bool = False, frame_waiting: bool = False) -> str | None:
-        """The side task to run now, or None (nothing due, a frame waiting, or no slack: the due ones are counted
-        as skipped)."""
+    def choose(self, deadline_s: float, question_pending: bool = False,
+               waiting_since: float | None = None) -> str | None:
+        """The side task to run now, or None (nothing due, or no slack: the due ones are counted as skipped).
+        ``waiting_since``: the arrival time of a frame waiting to be planned, if one is."""
         now = self.clock()
         due = [n for n in SIDE_TASKS if self.due(n, now, question_pending)]
-        if not due or frame_waiting:
+        if not due:
             return None
         due.sort(key=lambda n: (n != ANSWER, self.tasks[n].last_start + self.periods.get(n, 0.0)))
-        slack = self.slack(now, deadline_s)
+        slack = self.slack(now, deadline_s, waiting_since)
         for name in due:
             if self.expected(name) <= slack:
                 return name
