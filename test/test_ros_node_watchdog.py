@@ -13,6 +13,7 @@ rclpy = pytest.importorskip("rclpy", reason="rclpy (ROS 2 wheels) not installed"
 pytest.importorskip("wamdiff_ros.msg", reason="the package's interfaces are not built (make setup)")
 
 from nav_msgs.msg import Odometry  # noqa: E402
+from std_msgs.msg import Header  # noqa: E402
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
@@ -26,14 +27,15 @@ SLACK_S = 0.25  # scheduling: CI runs two test processes on 2 cores
 
 
 class Running:
-    def __init__(self, domain: int, wrap) -> None:
+    def __init__(self, domain: int, wrap, model: str = "tiny-random", **overrides) -> None:
         """``wrap``: the planner's ``plan`` -> the stand-in the node calls instead."""
         self.ctx = rclpy.Context()
         rclpy.init(context=self.ctx, domain_id=domain)
-        params = [Parameter("model", value="tiny-random"), Parameter("blackbox_dir", value="none"),
+        params = [Parameter("model", value=model), Parameter("blackbox_dir", value="none"),
                   Parameter("deadline_ms", value=DEADLINE_MS), Parameter("watchdog_period_ms", value=PERIOD_MS),
                   Parameter("default_command", value="follow"), Parameter("steps", value=2),
                   Parameter("schedule", value="static")]
+        params += [Parameter(name, value=value) for name, value in overrides.items()]
         self.node = PlannerNode(context=self.ctx, parameter_overrides=params)
         assert self.node.trigger_configure() == TransitionCallbackReturn.SUCCESS
         self.published = []  # (wall time, PlannerOutput)
@@ -45,17 +47,18 @@ class Running:
         self.spinning = threading.Thread(target=self.executor.spin, daemon=True)
         self.spinning.start()
 
-    def drive(self) -> list[float]:
-        """100 frames at 10 Hz, each with its odometry; returns their stamps."""
-        stamps, image = [], np.full((64, 128, 3), 90, np.uint8)
-        for _ in range(FRAMES):
+    def drive(self, frames: int = FRAMES, image: np.ndarray | None = None) -> list[float]:
+        """``frames`` frames (default: grey) at 10 Hz, each with its odometry; returns their stamps."""
+        stamps = []
+        image = np.full((64, 128, 3), 90, np.uint8) if image is None else image
+        for _ in range(frames):
             now = self.node._now()
             odom = Odometry()
             odom.header.stamp, odom.header.frame_id, odom.child_frame_id = to_time(now), "odom", "base_link"
             odom.pose.pose.orientation = quaternion_from_yaw(0.0)
             odom.twist.twist.linear.x = 5.0
             self.node._on_odometry(odom)
-            header = type("Header", (), {"stamp": to_time(now)})()
+            header = Header(stamp=to_time(now), frame_id="camera")
             self.node._accept_image(header, lambda: image)
             stamps.append(now)
             time.sleep(FRAME_S)
@@ -125,3 +128,36 @@ def test_a_model_twice_as_slow_as_the_deadline_never_publishes_late_plans(monkey
         assert run.node.counters.discarded >= 10 and run.node.counters.planned == run.node.counters.discarded
     finally:
         run.close(release)
+
+
+def test_a_plan_cut_at_its_deadline_is_published_as_anytime(monkeypatch):
+    """The decoder's clock passes the deadline at its 20th reading (the same cut whatever the machine's speed): the
+    node publishes the best-so-far plan flagged anytime (not a fallback) with its per-waypoint confidence, or, where
+    that plan is not valid, the fallback stop saying so."""
+    import itertools
+
+    from wamdiff_ros.decoding import graphs
+
+    def cut(real):
+        def plan(*args, deadline=None, **kwargs):
+            assert deadline is not None  # the node gives every plan its deadline (anytime: true)
+            counter = itertools.count()
+            with monkeypatch.context() as m:
+                m.setattr(graphs.time, "perf_counter", lambda: float(next(counter)))
+                return real(*args, deadline=20.0, **kwargs)
+        return plan
+
+    run = Running(54, cut, model="wamdiff-tiny", steps=32, schedule="threshold")  # the shipped decode
+    try:
+        from wamdiff_ros.cli import load_rgb, sample_image_path
+
+        run.drive(frames=20, image=load_rgb(sample_image_path()))  # a road: the trained model's plans are sane
+        published = [msg for _, msg in run.published]
+        assert published, (run.node.counters, run.node.scheduler.values())
+        anytime = [m for m in published if m.anytime]
+        assert anytime and all(m.valid and not m.fallback for m in anytime), [(m.valid, m.reason) for m in published]
+        assert all(len(m.waypoint_confidence) == 8 and min(m.waypoint_confidence) > 0 for m in anytime)
+        assert all(m.reason.startswith("invalid anytime plan") for m in published if m.fallback)
+        assert run.node.counters.anytime == len(anytime) and run.node.counters.watchdog == 0
+    finally:
+        run.close(threading.Event())

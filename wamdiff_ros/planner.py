@@ -149,7 +149,7 @@ def _plausible(waypoints: np.ndarray) -> tuple[bool, str]:
     steps = np.linalg.norm(np.diff(np.vstack([np.zeros((1, 2)), waypoints]), axis=0), axis=1) / fmt.WAYPOINT_DT_S
     worst = int(np.argmax(steps))
     if steps[worst] > ANYTIME_MAX_SPEED:
-        return False, (f"anytime plan implausible: waypoint {worst + 1} is {steps[worst]:.0f} m/s from the one before "
+        return False, (f"implausible: waypoint {worst + 1} is {steps[worst]:.0f} m/s from the one before "
                        f"(limit {ANYTIME_MAX_SPEED:.0f} m/s)")
     return True, ""
 

@@ -8,6 +8,11 @@ publishes). Both processes load the package's Fast DDS profile (config/fastdds.x
 through FASTDDS_DEFAULT_PROFILES_FILE unless ``--no-profile``, all traffic stays on loopback
 (ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST) in a domain of its own.
 
+``--compare-side-tasks`` runs the whole bench twice in one invocation, the node's side tasks off (detect_hz and
+describe_hz 0: plans only) and on (``--detect-hz``, ``--describe-hz``), both with ``--deadline-ms``, and prints the
+plans' frame-to-plan latency and late count side by side with the side tasks' rates, skips and the plans they delayed:
+the scheduler's rule (``wamdiff_ros/ros/schedule.py``) measured.
+
 Phases: wait for "active" on /diagnostics and for the topics to match; warm-up (``--warmup`` s); a 1 s pause to
 drain, then the node's ``frames`` counter (F0, from a diagnostics message stamped after the pause) and the bench's
 published count (P0); ``--seconds`` s of publishing; a 1 s pause; F1, P1. Delivered = (F1 - F0) / (P1 - P0): the
@@ -39,7 +44,9 @@ NODE = "/wamdiff_planner"
 PACKAGE = "wamdiff_ros"
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config"
 NODE_PARAMS = ("-p", "model:=tiny-random", "-p", "block_size:=32", "-p", "steps:=4", "-p", "schedule:=static",
-               "-p", "diagnostics_period_s:=0.5", "-p", "blackbox_dir:=none", "-p", "deadline_ms:=60000.0")
+               "-p", "diagnostics_period_s:=0.5", "-p", "blackbox_dir:=none", "-p", "deadline_ms:=60000.0",
+               "-p", "detect_hz:=0.0", "-p", "describe_hz:=0.0")  # plans only, unless the run asks for side tasks
+SCHEDULER_KEYS = ("plan.", "detect.", "describe.", "answer.", "plans_delayed")
 DRAIN_S = 1.0
 COMMAND_PERIOD_S = 1.0
 REPORTED = ("frames", "planned", "dropped", "skipped", "late", "fallback", "errors", "bad_input",
@@ -268,7 +275,9 @@ def _test_image(width: int, height: int) -> np.ndarray:
 
 def run(seconds: float = 60.0, rate: float = 20.0, width: int = 640, height: int = 480, warmup: float = 2.0,
         profile: bool = True, domain_id: int | None = None, threads: int | None = None,
-        node_log: str | None = None, startup_timeout: float = 120.0, progress: bool = True) -> dict:
+        node_log: str | None = None, startup_timeout: float = 120.0, progress: bool = True,
+        node_params: tuple[str, ...] = ()) -> dict:
+    """``node_params``: more ``-p name:=value`` arguments for the node (they override NODE_PARAMS)."""
     domain_id = 60 + os.getpid() % 40 if domain_id is None else domain_id
     env = bench_environment(profile, domain_id)  # before any participant exists
     profile_file = env.get("FASTDDS_DEFAULT_PROFILES_FILE")
@@ -276,7 +285,7 @@ def run(seconds: float = 60.0, rate: float = 20.0, width: int = 640, height: int
     log_path = Path(node_log) if node_log else Path(tempfile.mkstemp(prefix="wamdiff-bench-node-", suffix=".log")[1])
     cmd = [sys.executable, "-m", "wamdiff_ros.ros.node", "--autostart", "--ros-args",
            "--params-file", str(config_file("planner.yaml")), *NODE_PARAMS,
-           *(["-p", f"torch_threads:={threads}"] if threads is not None else [])]
+           *(["-p", f"torch_threads:={threads}"] if threads is not None else []), *node_params]
     with open(log_path, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     driver = None
@@ -340,6 +349,7 @@ def run(seconds: float = 60.0, rate: float = 20.0, width: int = 640, height: int
     publish_ms = 1e3 * np.asarray(driver.publish_s[-published:]) if published else np.array([])
     node = {k: diag1.get(k) for k in REPORTED}
     node.update({k: v for k, v in diag1.items() if k.startswith("skipped.")})  # the reasons, as the node counts them
+    node.update({k: v for k, v in diag1.items() if k.startswith(SCHEDULER_KEYS)})
     node.update({f"{k}_measured": diag1[k] - diag0[k] for k in ("frames", "planned", "dropped", "skipped")
                  if isinstance(diag1.get(k), int) and isinstance(diag0.get(k), int)})
     return {
@@ -400,6 +410,34 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
+def side_task_table(off: dict, on: dict, deadline_ms: float) -> str:
+    """The two runs of ``--compare-side-tasks`` side by side."""
+    rows = [("plans per s", lambda r: f"{r['plans_per_s']:.2f}"),
+            ("frame->plan p50 / p99 (bench)",
+             lambda r: f"{r['frame_to_plan_ms']['p50']:.1f} / {r['frame_to_plan_ms']['p99']:.1f} ms"),
+            ("late plans / fallbacks (node)", lambda r: f"{r['node']['late']} / {r['node']['fallback']}"),
+            ("frames dropped for newer ones", lambda r: f"{r['node'].get('dropped_measured', '?')}"),
+            ("detect: rate, p50 / p99, skips", lambda r: _task(r, "detect")),
+            ("describe: rate, p50 / p99, skips", lambda r: _task(r, "describe")),
+            ("plans delayed by a side task", lambda r: f"{r['node'].get('plans_delayed_by_side_tasks', 0)} "
+                                                       f"(late: {r['node'].get('plans_delayed_and_late', 0)})")]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"side tasks off vs on, deadline {deadline_ms:g} ms, {on['width']}x{on['height']} at {on['rate_hz']:g} Hz",
+             f"| {'metric':<{width}} | side tasks off | side tasks on", f"|{'-' * (width + 2)}|{'-' * 16}|{'-' * 40}"]
+    lines += [f"| {k:<{width}} | {f(off)} | {f(on)}" for k, f in rows]
+    p99_off, p99_on = off["frame_to_plan_ms"]["p99"], on["frame_to_plan_ms"]["p99"]
+    lines.append(f"frame->plan p99, on / off: {p99_on / p99_off:.2f}x")
+    return "\n".join(lines)
+
+
+def _task(r: dict, name: str) -> str:
+    n = r["node"]
+    if not n.get(f"{name}.runs"):
+        return "off"
+    return (f"{n.get(f'{name}.rate_hz')} Hz, {n.get(f'{name}.p50_ms')} / {n.get(f'{name}.p99_ms')} ms, "
+            f"{n.get(f'{name}.skips')} skips")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="wamdiff-bench node", description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=60.0, help="measured publishing time (default 60)")
@@ -415,18 +453,32 @@ def main(argv: list[str] | None = None) -> int:
                    help="the node's torch_threads parameter (default: the node's, all cores but one)")
     p.add_argument("--node-log", default=None, help="where the node's output goes (default: a temporary file)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--compare-side-tasks", action="store_true",
+                   help="run twice: the node's side tasks off, then on (--detect-hz, --describe-hz), side by side")
+    p.add_argument("--detect-hz", type=float, default=2.0, help="with --compare-side-tasks (default 2)")
+    p.add_argument("--describe-hz", type=float, default=1.0, help="with --compare-side-tasks (default 1)")
+    p.add_argument("--deadline-ms", type=float, default=None, help="the node's deadline_ms (default: 60000, none)")
     args = p.parse_args(argv)
     if args.seconds <= 0 or args.rate <= 0 or args.width <= 0 or args.height <= 0 or args.warmup < 0:
         p.error("--seconds, --rate, --width and --height must be positive, --warmup >= 0")
+    deadline = ("-p", f"deadline_ms:={args.deadline_ms}") if args.deadline_ms is not None else ()
+    variants = {"": deadline}
+    if args.compare_side_tasks:
+        variants = {"off": deadline, "on": (*deadline, "-p", f"detect_hz:={args.detect_hz}",
+                                            "-p", f"describe_hz:={args.describe_hz}")}
+    results = {}
     try:
-        result = run(args.seconds, args.rate, args.width, args.height, args.warmup, profile=not args.no_profile,
-                     domain_id=args.domain_id, threads=args.threads, node_log=args.node_log,
-                     progress=not args.no_progress)
+        for name, params in variants.items():
+            results[name] = run(args.seconds, args.rate, args.width, args.height, args.warmup,
+                                profile=not args.no_profile, domain_id=args.domain_id, threads=args.threads,
+                                node_log=args.node_log, progress=not args.no_progress, node_params=params)
+            print((f"side tasks {name}: " if name else "") + table(results[name]))
     except BenchError as exc:
         print(f"wamdiff-bench node: {exc}", file=sys.stderr)
         return 1
-    print(table(result))
+    if args.compare_side_tasks:
+        print(side_task_table(results["off"], results["on"], args.deadline_ms or 60000.0))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+            json.dump(results.get("", results), f, indent=2)
     return 0
