@@ -32,8 +32,9 @@ $(PIP_STAMP): requirements.lock setup.py training/setup.py
 	$(PIP) install --no-deps --no-build-isolation -e training
 	touch $@
 
-$(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch rviz $(MSGS) $(SHARE_FILES) $(wildcard scripts/wamdiff_*) scripts/build_interfaces.sh
+$(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch rviz $(MSGS) $(SHARE_FILES) $(wildcard scripts/wamdiff_*) scripts/build_interfaces.sh scripts/build_test_interfaces.sh $(wildcard test/interfaces/*/* test/interfaces/*/msg/*)
 	@scripts/build_interfaces.sh $(VENV) $(ROS_BUILD)
+	@scripts/build_test_interfaces.sh $(VENV) build/test_interfaces
 	@touch $@
 
 # The demo: the planner node (the packaged default model, simulated time) driven by the sample drive bag (10 s of the

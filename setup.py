@@ -43,6 +43,7 @@ setup(
             "wamdiff-serve = wamdiff_ros.carla_bridge.server:main",
             "wamdiff_highway_bridge = wamdiff_ros.ros.highway_bridge:main",
             "wamdiff_carla_control = wamdiff_ros.ros.carla_control:main",
+            "wamdiff_bench2drive_adapter = wamdiff_ros.ros.bench2drive_adapter:main",
             "wamdiff-closed-loop-ros = wamdiff_ros.ros.closed_loop_run:main",
         ]
     },

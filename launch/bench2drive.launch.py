@@ -1,0 +1,74 @@
+"""Bench2Drive's ROS 2 agent path: the planner node and the Bench2Drive adapter (with the control node) on the topics
+carla-ros-bridge publishes for the ROS2Agent's sensors (``wamdiff_ros/carla_bridge/ros2_agent.py`` names this file in
+``get_ros_entrypoint``; Bench2Drive runs ``ros2 launch wamdiff_ros bench2drive.launch.py model:=...``).
+
+    /carla/hero/rgb_front/image ─► wamdiff_planner ─► ~/output/plan ─► wamdiff_carla_control ─► /carla/hero/vehicle_control_cmd
+    /carla/hero/{gnss,imu,speed}, /clock ─► wamdiff_bench2drive_adapter ─► /carla/hero/odometry (one per tick)
+    /carla/hero/global_plan{,_gnss} ─► adapter ─► command, route ─► wamdiff_planner;  adapter ─► /carla/hero/status
+
+Everything runs on sim time (``/clock``, published by the bridge once per tick).
+"""
+
+import os
+
+from ament_index_python.packages import get_package_share_directory
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, EmitEvent, OpaqueFunction, RegisterEventHandler
+from launch.events import matches_action
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import LifecycleNode, Node
+from launch_ros.event_handlers import OnStateTransition
+from launch_ros.events.lifecycle import ChangeState
+from lifecycle_msgs.msg import Transition
+
+ADAPTER = "/wamdiff_bench2drive_adapter"
+ARGUMENTS = {
+    "model": ("wamdiff-tiny", "checkpoint folder, wamdiff-tiny (the packaged trained student) or tiny-random"),
+    "device": ("cpu", "torch device"),
+    "params_file": ("", "parameter file replacing the package's config/planner.yaml"),
+    "role_name": ("hero", "the ego's role name (Bench2Drive: hero)"),
+    "camera_id": ("rgb_front", "the ROS2Agent's camera sensor id"),
+    "plan_timeout_s": ("0.5", "full brake once no plan has come for this long (wall s); Bench2Drive coasts after 1 s "
+                              "without a control"),
+}
+
+
+def _nodes(context):
+    share = get_package_share_directory("wamdiff_ros")
+    arg = LaunchConfiguration
+    params = arg("params_file").perform(context) or os.path.join(share, "config", "planner.yaml")
+    hero = "/carla/" + arg("role_name").perform(context)
+    camera = hero + "/" + arg("camera_id").perform(context)
+    profile = os.path.join(share, "config", "fastdds.xml")
+    env = {"FASTDDS_DEFAULT_PROFILES_FILE": os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE", profile)}
+    planner = LifecycleNode(
+        package="wamdiff_ros", executable="wamdiff_planner_node", name="wamdiff_planner", namespace="",
+        output="screen",
+        parameters=[params, {"model": arg("model"), "device": arg("device"), "use_sim_time": True}],
+        remappings=[("~/input/image", camera + "/image"), ("~/input/camera_info", camera + "/camera_info"),
+                    ("~/input/odometry", hero + "/odometry"), ("~/input/command", ADAPTER + "/output/command"),
+                    ("~/input/route", ADAPTER + "/output/route")],
+        additional_env=env,
+    )
+    adapter = Node(  # the adapter and wamdiff_carla_control in one process
+        package="wamdiff_ros", executable="wamdiff_bench2drive_adapter", output="screen",
+        parameters=[{"use_sim_time": True, "role_name": arg("role_name"), "tick_source": "odometry",
+                     "plan_timeout_s": arg("plan_timeout_s"), "twist": "off"}],
+        additional_env=env,
+    )
+    configure = EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(planner),
+                                            transition_id=Transition.TRANSITION_CONFIGURE))
+    activate = RegisterEventHandler(OnStateTransition(
+        target_lifecycle_node=planner, goal_state="inactive",
+        entities=[EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(planner),
+                                              transition_id=Transition.TRANSITION_ACTIVATE))],
+    ))
+    return [planner, adapter, activate, configure]
+
+
+def generate_launch_description():
+    return LaunchDescription(
+        [DeclareLaunchArgument(name, default_value=default, description=text)
+         for name, (default, text) in ARGUMENTS.items()]
+        + [OpaqueFunction(function=_nodes)]
+    )
