@@ -57,12 +57,17 @@ def test_ros2_agent_loads_with_bench2drive_s_own_entry_point_logic_where_present
     if importlib.util.find_spec("leaderboard") is None:
         pytest.skip("Bench2Drive's leaderboard package is not importable here (no Bench2Drive checkout on "
                     "PYTHONPATH): its agent loading and sensor validator are not run")
-    from leaderboard.autoagents.agent_wrapper import AgentWrapperFactory  # pragma: no cover - needs Bench2Drive
+    # what leaderboard_evaluator.py does: import the agent module by name from its folder, get_entry_point(),
+    # get_ros_version(); then agent_wrapper.validate_sensor_configuration on the SENSORS track
+    from leaderboard.autoagents.agent_wrapper import validate_sensor_configuration
+    from leaderboard.autoagents.autonomous_agent import Track
 
-    module, _ = _agent()  # pragma: no cover
-    agent_class = getattr(module, module.get_entry_point())  # pragma: no cover
-    wrapper = AgentWrapperFactory.get_wrapper(agent_class.__new__(agent_class))  # pragma: no cover
-    wrapper.validate_sensor_configuration(agent_class.sensors(agent_class.__new__(agent_class)), "SENSORS")
+    sys.path.insert(0, str(ROOT / "wamdiff_ros" / "carla_bridge"))
+    module = importlib.import_module("ros2_agent")
+    agent_class = getattr(module, module.get_entry_point())
+    assert agent_class.get_ros_version() == 2
+    agent = agent_class.__new__(agent_class)  # its __init__ starts carla-ros-bridge: not here
+    validate_sensor_configuration(agent.sensors(), Track.SENSORS, "SENSORS")  # raises when invalid
 
 
 # ---------------------------------------------------------------------------------------------------------------------
