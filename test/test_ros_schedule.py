@@ -83,3 +83,21 @@ def test_delayed_plans_and_diagnostics():
     assert values["detect.runs"] == 0 and values["detect.skips"] == 0 and "plan.skips" not in values
     with pytest.raises(ValueError, match="rate"):
         s.set_rates(-1.0, 0.0)
+
+
+def test_a_task_started_late_keeps_its_rate():
+    """Each detection starts 0.1 s after it is due (the worker was planning): the next is still due one period after
+    the one before, so 20 of them take 20 periods, not 20 x (period + 0.1 s)."""
+    s, clock = _scheduler(detect_hz=2.0, describe_hz=0.0)
+    starts = []
+    for _ in range(20):
+        while s.choose(10.0) != DETECT:
+            clock.t += 0.01
+        clock.t += 0.1  # late by the plan that was running
+        starts.append(clock.t)
+        s.record(DETECT, clock.t, clock.t + 0.05)
+    assert (starts[-1] - starts[0]) / 19 == pytest.approx(0.5, abs=0.02)
+    clock.t += 5.0  # far behind: a new schedule, not a burst of catch-up runs
+    assert s.choose(10.0) == DETECT
+    s.record(DETECT, clock.t, clock.t + 0.05)
+    assert s.choose(10.0) is None

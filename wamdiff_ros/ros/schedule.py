@@ -10,7 +10,9 @@ replace the waiting one: frames are never queued) but never, by these estimates,
 is counted as skipped (once per due instance) and tried again after the next plan.
 
 Due: detection every ``1 / detect_hz`` s, the description every ``1 / describe_hz`` s (0 Hz: never), a question as
-soon as one is pending; among those due, questions first, then the task waiting longest past its due time.
+soon as one is pending; among those due, questions first, then the task waiting longest past its due time. A task
+that starts late keeps its schedule (the next is due one period after the one it was due at), so its rate is the
+asked one as long as there is time for it; one more than a period behind starts a new schedule.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class TaskStats:
     runs: int = 0
     skips: int = 0  # due, but refused by the rule
     last_start: float = -np.inf
+    next_due: float = -np.inf
     skip_counted: bool = False  # the current due instance was counted as skipped already
 
     def rate(self, now: float) -> float:
@@ -81,6 +84,10 @@ class Scheduler:
         task.runs += 1
         task.last_start = start
         task.skip_counted = False
+        period = self.periods.get(name, 0.0)
+        if period > 0:
+            behind = start - task.next_due
+            task.next_due = task.next_due + period if behind < period else start + period
 
     # -- the rule -------------------------------------------------------------------------------------------------
     def expected(self, name: str) -> float:
@@ -106,8 +113,7 @@ class Scheduler:
     def due(self, name: str, now: float, question_pending: bool = False) -> bool:
         if name == ANSWER:
             return question_pending
-        period = self.periods[name]
-        return period > 0 and now - self.tasks[name].last_start >= period
+        return self.periods[name] > 0 and now >= self.tasks[name].next_due
 
     def choose(self, deadline_s: float, question_pending: bool = False,
                waiting_since: float | None = None) -> str | None:
@@ -117,7 +123,7 @@ class Scheduler:
         due = [n for n in SIDE_TASKS if self.due(n, now, question_pending)]
         if not due:
             return None
-        due.sort(key=lambda n: (n != ANSWER, self.tasks[n].last_start + self.periods.get(n, 0.0)))
+        due.sort(key=lambda n: (n != ANSWER, self.tasks[n].next_due))
         slack = self.slack(now, deadline_s, waiting_since)
         for name in due:
             if self.expected(name) <= slack:
