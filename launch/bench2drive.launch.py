@@ -2,7 +2,8 @@
 carla-ros-bridge publishes for the ROS2Agent's sensors (``wamdiff_ros/carla_bridge/ros2_agent.py`` names this file in
 ``get_ros_entrypoint``; Bench2Drive runs ``ros2 launch wamdiff_ros bench2drive.launch.py model:=...``).
 
-    /carla/hero/rgb_front/image ─► wamdiff_planner ─► ~/output/plan ─► wamdiff_carla_control ─► /carla/hero/vehicle_control_cmd
+    /carla/hero/rgb_front/image ─► wamdiff_planner ─► ~/output/plan ─► wamdiff_carla_control
+        ─► /carla/hero/vehicle_control_cmd (one per odometry message, i.e. per tick)
     /carla/hero/{gnss,imu,speed}, /clock ─► wamdiff_bench2drive_adapter ─► /carla/hero/odometry (one per tick)
     /carla/hero/global_plan{,_gnss} ─► adapter ─► command, route ─► wamdiff_planner;  adapter ─► /carla/hero/status
 

@@ -3,7 +3,6 @@
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,8 @@ PY37 = ROOT / ".venv37" / "bin" / "python"
 def test_agents_pass_their_tests_under_python_3_7(tmp_path):
     if not PY37.is_file():
         pytest.skip("no .venv37 (make py37: needs a python3.7 interpreter, e.g. pyenv's 3.7.16)")
-    version = subprocess.run([str(PY37), "-c", "import sys, carla, numpy; print(sys.version_info[:2], numpy.__version__)"],
-                             capture_output=True, text=True, timeout=60)
+    probe = "import sys, carla, numpy; print(sys.version_info[:2], numpy.__version__)"
+    version = subprocess.run([str(PY37), "-c", probe], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.startswith("(3, 7)"), version.stdout + version.stderr
     from wamdiff_ros.carla_bridge.server import launch
 

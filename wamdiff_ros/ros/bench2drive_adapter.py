@@ -1,4 +1,5 @@
-"""``wamdiff_bench2drive_adapter``: the planner node inside Bench2Drive's ROS 2 agent loop (``carla_bridge/ros2_agent.py``).
+"""``wamdiff_bench2drive_adapter``: the planner node inside Bench2Drive's ROS 2 agent loop
+(``carla_bridge/ros2_agent.py``).
 
 Bench2Drive starts carla-ros-bridge (passive, synchronous: the leaderboard ticks CARLA at 20 Hz, the bridge
 publishes ``/clock`` once per tick), spawns the agent's sensors, publishes the route on ``/carla/hero/global_plan``
@@ -19,8 +20,8 @@ This process runs two nodes:
   agent does; Bench2Drive 0.0.4 publishes ``global_plan_gnss`` without coordinates, so then around the first fix,
   shifted onto the route's first pose (the leaderboard spawns the ego there). The route -> the navigation command
   (``RouteCommands``, the thin agent's) on ``~/output/command`` each tick, and the route itself as ``nav_msgs/Path``
-  (frame ``map``) on ``~/output/route``, both transient local (the launch file remaps the planner's inputs to them). ``/carla/hero/status`` (true, transient
-  local) once the planner node reports the lifecycle state *active*.
+  (frame ``map``) on ``~/output/route``, both transient local (the launch file remaps the planner's inputs to them).
+  ``/carla/hero/status`` (true, transient local) once the planner node reports the lifecycle state *active*.
 - ``wamdiff_carla_control`` (``carla_control.py``, ``tick_source: odometry``): the shared waypoint follower, one
   control per odometry message, i.e. per tick, stamped with it; full brake once no plan has come for
   ``plan_timeout_s`` of wall time (0.5 s in ``launch/bench2drive.launch.py``), well before Bench2Drive's 1 s coast.

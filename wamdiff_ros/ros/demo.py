@@ -1,8 +1,9 @@
 """``wamdiff-demo``: the whole ROS path on one machine. Starts the planner node (simulated time), replays the sample
 drive bag into it with ``/clock``, records the node's outputs to MCAP, and draws every plan on its camera frame with
-the latest boxes and scene description: a PNG strip, an animated GIF and a latency summary. Then (unless ``--no-drive``) the same model drives one episode of the
-CPU world's highway scenario through real topics (``wamdiff-closed-loop-ros``) and the demo prints its Bench2Drive
-driving score, next to the model's measured closed-loop score when its folder holds ``eval_summary.json``."""
+the latest boxes and scene description: a PNG strip, an animated GIF and a latency summary. Then (unless
+``--no-drive``) the same model drives one episode of the CPU world's highway scenario through real topics
+(``wamdiff-closed-loop-ros``) and the demo prints its Bench2Drive driving score, next to the model's measured
+closed-loop score when its folder holds ``eval_summary.json``."""
 
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ def report(bag: Path, recording: Path, out: Path) -> int:
         if conn.topic == OUTPUT_TOPICS[2]:
             diagnostics = msg
         else:
-            {OUTPUT_TOPICS[0]: plans, OUTPUT_TOPICS[3]: detections, OUTPUT_TOPICS[4]: descriptions}[conn.topic].append(msg)
+            lists = {OUTPUT_TOPICS[0]: plans, OUTPUT_TOPICS[3]: detections, OUTPUT_TOPICS[4]: descriptions}
+            lists[conn.topic].append(msg)
     drawn = []
     for plan in plans:
         t = stamp_to_sec(plan.header.stamp)

@@ -46,8 +46,8 @@ from wamdiff_ros.ros import conversions as conv
 from wamdiff_ros.ros.outputs import description_msg, detections_msg, planner_output_msg
 from wamdiff_ros.ros.schedule import ANSWER, DESCRIBE, DETECT, PLAN, Scheduler
 from wamdiff_ros.ros.parameters import DECODE_PARAMS, Param, parameters
-from wamdiff_ros.ros.cycle import (ClockRate, Counters, DeadlineWatch, InputLimits, LatencyWindow, LatestSlot, StampedHistory,
-                                   check_inputs, default_command_due)
+from wamdiff_ros.ros.cycle import (ClockRate, Counters, DeadlineWatch, InputLimits, LatencyWindow, LatestSlot,
+                                   StampedHistory, check_inputs, default_command_due)
 from wamdiff_ros.control.stop import fallback_stop
 
 NODE_NAME = "wamdiff_planner"

@@ -139,8 +139,8 @@ def params_table() -> str:
 def params_doc() -> str:
     """docs/parameters.md."""
     return ("# Parameters of the `wamdiff_planner` node\n\n"
-            "Written by `python -m wamdiff_ros.ros.parameters --write` from `wamdiff_ros/ros/parameters.py`, the node's "
-            "own table (a test holds\nthis file, `config/planner.yaml` and the node's declarations equal). "
+            "Written by `python -m wamdiff_ros.ros.parameters --write` from `wamdiff_ros/ros/parameters.py`, the "
+            "node's own table (a test holds\nthis file, `config/planner.yaml` and the node's declarations equal). "
             "`config/planner.yaml` (`/**: ros__parameters:`) holds\nthe defaults; `params_file:=` replaces it. A bad "
             "value, or a block size above the checkpoint's trained one, is rejected\nwith the reason. *live*: takes "
             "effect at the next cycle (`ros2 param set`); *on restart*: read once at start.\n\n" + params_table())

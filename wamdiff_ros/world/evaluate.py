@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                                "sim_steps_per_s": round(steps[(p, m)] / max(wall[(p, m)], 1e-9), 1)}
                   for p, m in steps}
     report = json.loads(paths.json.read_text())
-    report["run"] = {"argv": sys.argv[1:] if argv is None else argv, "model": model, "scenario_set": scenario_set.source,
+    report["run"] = {"argv": sys.argv[1:] if argv is None else argv, "model": model,
+                     "scenario_set": scenario_set.source,
                      "scenario_version": scenario_set.version, "modes": modes, "planners": planners,
                      "episodes_per_scenario": args.episodes, "first_seed": args.seed, "workers": args.workers,
                      "wall_s": round(time.perf_counter() - start, 1), "throughput": throughput, **config,
