@@ -138,6 +138,7 @@ class PlannerNode(LifecycleNode):
         self._planned: tuple[Frame, Plan] | None = None  # the last frame planned (side tasks and the debug image)
         self._boxes: tuple[float, list] = (-np.inf, [])  # the latest detection: (its frame's stamp, boxes)
         self._description = ""
+        self._side_seen: dict[str, float] = {}  # side task -> the stamp of the frame it last looked at
         self._last_debug = -np.inf
         self._clock_rate = ClockRate()  # node clock vs wall clock, sampled by the watchdog timer
         self._active = False
@@ -610,7 +611,8 @@ class PlannerNode(LifecycleNode):
 
     def _side_task(self, task: str) -> bool:
         """Detection, the description or the pending question, on the last planned frame (the newest image before
-        the first plan), stamped with that frame's header; False when there is no frame to look at yet."""
+        the first plan), stamped with that frame's header; False when there is no frame to look at yet, or (detection,
+        description) none it has not looked at: a stream that stops is not described again and again."""
         planner, planned = self.planner, self._planned
         frame = planned[0] if planned is not None else self._latest_frame
         if task == ANSWER:
@@ -623,8 +625,9 @@ class PlannerNode(LifecycleNode):
             except WamDiffError as exc:
                 self._bad_input("question", exc)
             return True
-        if frame is None:
+        if frame is None or self._side_seen.get(task) == frame.stamp:
             return False
+        self._side_seen[task] = frame.stamp
         height, width = frame.rgb.shape[:2]
         if task == DETECT:
             boxes = planner.detect(frame.rgb).boxes
