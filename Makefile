@@ -32,7 +32,7 @@ $(PIP_STAMP): requirements.lock setup.py training/setup.py
 	$(PIP) install --no-deps --no-build-isolation -e training
 	touch $@
 
-$(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt package.xml msg config launch rviz $(MSGS) $(SHARE_FILES) $(wildcard scripts/wamdiff_*) scripts/build_interfaces.sh scripts/build_test_interfaces.sh $(wildcard test/interfaces/*/* test/interfaces/*/msg/*)
+$(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt cmake/ros_wheels_include_fixup.cmake package.xml msg config launch rviz $(MSGS) $(SHARE_FILES) $(wildcard scripts/wamdiff_*) scripts/build_interfaces.sh scripts/build_test_interfaces.sh $(wildcard test/interfaces/*/* test/interfaces/*/msg/*)
 	@scripts/build_interfaces.sh $(VENV) $(ROS_BUILD)
 	@scripts/build_test_interfaces.sh $(VENV) build/test_interfaces
 	@touch $@

@@ -1,6 +1,7 @@
-"""Bench2Drive's ROS 2 agent path: the planner node and the Bench2Drive adapter (with the control node) on the topics
-carla-ros-bridge publishes for the ROS2Agent's sensors (``wamdiff_ros/carla_bridge/ros2_agent.py`` names this file in
-``get_ros_entrypoint``; Bench2Drive runs ``ros2 launch wamdiff_ros bench2drive.launch.py model:=...``).
+"""Bench2Drive's ROS 2 agent path: the planner node (``planner.launch.py``, its inputs on the topics carla-ros-bridge
+publishes for the ROS2Agent's sensors and on the adapter's) and the Bench2Drive adapter with the control node
+(``wamdiff_ros/carla_bridge/ros2_agent.py`` names this file in ``get_ros_entrypoint``; Bench2Drive runs
+``ros2 launch wamdiff_ros bench2drive.launch.py model:=...``).
 
     /carla/hero/rgb_front/image ─► wamdiff_planner ─► ~/output/plan ─► wamdiff_carla_control
         ─► /carla/hero/vehicle_control_cmd (one per odometry message, i.e. per tick)
@@ -14,13 +15,10 @@ import os
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, EmitEvent, OpaqueFunction, RegisterEventHandler
-from launch.events import matches_action
+from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription, OpaqueFunction
+from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import LaunchConfiguration
-from launch_ros.actions import LifecycleNode, Node
-from launch_ros.event_handlers import OnStateTransition
-from launch_ros.events.lifecycle import ChangeState
-from lifecycle_msgs.msg import Transition
+from launch_ros.actions import Node
 
 ADAPTER = "/wamdiff_bench2drive_adapter"
 ARGUMENTS = {
@@ -37,34 +35,24 @@ ARGUMENTS = {
 def _nodes(context):
     share = get_package_share_directory("wamdiff_ros")
     arg = LaunchConfiguration
-    params = arg("params_file").perform(context) or os.path.join(share, "config", "planner.yaml")
     hero = "/carla/" + arg("role_name").perform(context)
     camera = hero + "/" + arg("camera_id").perform(context)
-    profile = os.path.join(share, "config", "fastdds.xml")
-    env = {"FASTDDS_DEFAULT_PROFILES_FILE": os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE", profile)}
-    planner = LifecycleNode(
-        package="wamdiff_ros", executable="wamdiff_planner_node", name="wamdiff_planner", namespace="",
-        output="screen",
-        parameters=[params, {"model": arg("model"), "device": arg("device"), "use_sim_time": True}],
-        remappings=[("~/input/image", camera + "/image"), ("~/input/camera_info", camera + "/camera_info"),
-                    ("~/input/odometry", hero + "/odometry"), ("~/input/command", ADAPTER + "/output/command"),
-                    ("~/input/route", ADAPTER + "/output/route")],
-        additional_env=env,
+    planner = IncludeLaunchDescription(
+        PythonLaunchDescriptionSource(os.path.join(share, "launch", "planner.launch.py")),
+        launch_arguments={
+            "model": arg("model"), "device": arg("device"), "params_file": arg("params_file"), "use_sim_time": "true",
+            "image": camera + "/image", "camera_info": camera + "/camera_info", "odometry": hero + "/odometry",
+            "command": ADAPTER + "/output/command", "route": ADAPTER + "/output/route",
+        }.items(),
     )
     adapter = Node(  # the adapter and wamdiff_carla_control in one process
         package="wamdiff_ros", executable="wamdiff_bench2drive_adapter", output="screen",
         parameters=[{"use_sim_time": True, "role_name": arg("role_name"), "tick_source": "odometry",
                      "plan_timeout_s": arg("plan_timeout_s"), "twist": "off"}],
-        additional_env=env,
+        additional_env={"FASTDDS_DEFAULT_PROFILES_FILE": os.environ.get(
+            "FASTDDS_DEFAULT_PROFILES_FILE", os.path.join(share, "config", "fastdds.xml"))},
     )
-    configure = EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(planner),
-                                            transition_id=Transition.TRANSITION_CONFIGURE))
-    activate = RegisterEventHandler(OnStateTransition(
-        target_lifecycle_node=planner, goal_state="inactive",
-        entities=[EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(planner),
-                                              transition_id=Transition.TRANSITION_ACTIVATE))],
-    ))
-    return [planner, adapter, activate, configure]
+    return [planner, adapter]
 
 
 def generate_launch_description():

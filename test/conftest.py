@@ -9,6 +9,9 @@ try:
 except ImportError:
     pass
 
+# Bench2Drive's interpreter's tests (Python 3.7): run there by test/test_python37.py, not again here
+collect_ignore = ["py37"]
+
 settings.register_profile("ci", deadline=None, derandomize=True, max_examples=200)
 settings.load_profile("ci")
 

@@ -7,8 +7,6 @@ from test/interfaces/carla_msgs (``make setup``)."""
 import importlib.util
 import math
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -200,24 +198,19 @@ def loop(tmp_path_factory):
     from rclpy.executors import MultiThreadedExecutor
     from rclpy.parameter import Parameter
 
+    from ros_harness import NodeProcess
+
     from wamdiff_ros.ros.bench2drive_adapter import Bench2DriveAdapter
     from wamdiff_ros.ros.carla_control import CarlaControl
 
-    domain = 57
-    os.environ.update(ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST", ROS_DOMAIN_ID=str(domain))
     adapter_ns = "/wamdiff_bench2drive_adapter/output"
-    log = tmp_path_factory.mktemp("b2d") / "planner.log"
-    with open(log, "w") as out:
-        planner = subprocess.Popen(
-            [sys.executable, "-m", "wamdiff_ros.ros.node", "--autostart", "--ros-args",
-             "--params-file", str(ROOT / "config" / "planner.yaml"), "-p", "use_sim_time:=true",
-             "-p", "model:=wamdiff-tiny", "-p", "blackbox_dir:=none", "-p", "detect_hz:=0.0", "-p", "describe_hz:=0.0",
-             "-p", "torch_threads:=1", "-r", "~/input/image:=/carla/hero/rgb_front/image",
-             "-r", "~/input/odometry:=/carla/hero/odometry", "-r", f"~/input/command:={adapter_ns}/command",
-             "-r", f"~/input/route:={adapter_ns}/route"],
-            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=out, stderr=subprocess.STDOUT)
+    planner = NodeProcess(  # its own domain (ROS_DOMAIN_ID, set here too), loopback discovery
+        tmp_path_factory.mktemp("b2d") / "planner.log", "-p", "use_sim_time:=true", "-p", "model:=wamdiff-tiny",
+        "-p", "blackbox_dir:=none", "-p", "detect_hz:=0.0", "-p", "describe_hz:=0.0", "-p", "torch_threads:=1",
+        "-r", "~/input/image:=/carla/hero/rgb_front/image", "-r", "~/input/odometry:=/carla/hero/odometry",
+        "-r", f"~/input/command:={adapter_ns}/command", "-r", f"~/input/route:={adapter_ns}/route")
     ctx = rclpy.Context()
-    rclpy.init(context=ctx, domain_id=domain)
+    rclpy.init(context=ctx, domain_id=int(os.environ["ROS_DOMAIN_ID"]))
     sim = Parameter("use_sim_time", value=True)
     adapter = Bench2DriveAdapter(context=ctx, parameter_overrides=[sim])
     control = CarlaControl(context=ctx, parameter_overrides=[
@@ -230,14 +223,9 @@ def loop(tmp_path_factory):
     spinning = threading.Thread(target=executor.spin, daemon=True)
     spinning.start()
     try:
-        yield bridge, planner, adapter, control, log
+        yield bridge, planner, adapter, control
     finally:
-        if planner.poll() is None:
-            planner.send_signal(signal.SIGINT)
-            try:
-                planner.wait(15)
-            except subprocess.TimeoutExpired:
-                planner.kill()
+        planner.stop()
         executor.shutdown(timeout_sec=5.0)
         spinning.join(5.0)
         for n in (adapter, control, bridge_node):
@@ -248,11 +236,11 @@ def loop(tmp_path_factory):
 @pytest.mark.ros
 @pytest.mark.timeout(300)
 def test_the_adapter_drives_bench2drive_s_contract(loop):
-    bridge, planner, adapter, control, log = loop
+    bridge, planner, adapter, control = loop
     end = time.monotonic() + 120.0
-    while not bridge.status and time.monotonic() < end and planner.poll() is None:  # Bench2Drive waits for it
+    while not bridge.status and time.monotonic() < end and planner.proc.poll() is None:  # Bench2Drive waits for it
         time.sleep(0.05)
-    assert bridge.status and all(bridge.status), log.read_text()[-3000:]
+    assert bridge.status and all(bridge.status), planner.log.read_text()[-3000:]
     bridge.publish_route()
     controls = []
     for _ in range(80):  # 4 s of sim time at 20 Hz, paced like the simulator in real time

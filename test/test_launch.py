@@ -127,3 +127,12 @@ def test_rviz_config_shows_the_nodes_outputs_and_is_installed():
     assert {"/wamdiff_planner/output/path", "/wamdiff_planner/debug/markers", "/wamdiff_planner/debug/image"} <= topics
     assert config["Global Options"]["Fixed Frame"] == "odom"
     assert re.search(r"install\(DIRECTORY [^)]*\brviz\b", (ROOT / "CMakeLists.txt").read_text())
+
+
+def test_an_included_launch_file_gets_only_arguments_it_declares():
+    """bench2drive.launch.py includes planner.launch.py: every launch argument it passes is one that file declares."""
+    tree = ast.parse((ROOT / "launch" / "bench2drive.launch.py").read_text())
+    (include,) = _calls(tree, "IncludeLaunchDescription")
+    passed = {k.value for k in _kw(include, "launch_arguments").func.value.keys}
+    declared = set(_module_dicts(ast.parse((ROOT / "launch" / "planner.launch.py").read_text()))["ARGUMENTS"])
+    assert passed and passed <= declared, passed - declared

@@ -127,7 +127,6 @@ def test_diagnostics_report_each_task(run):
     values = node.scheduler.values()
     for task in ("plan", "detect", "describe"):
         assert values[f"{task}.runs"] > 0 and values[f"{task}.p50_ms"] > 0 and values[f"{task}.p99_ms"] > 0
-        assert values[f"{task}.rate_hz"] >= 0
     assert values["detect.rate_hz"] == pytest.approx(DETECT_HZ, rel=0.2)
     assert "detect.skips" in values and "plans_delayed_by_side_tasks" in values
     assert values["plans_delayed_and_late"] == 0  # the deadline (1 s) leaves room: the rule never made one late

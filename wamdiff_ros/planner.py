@@ -270,14 +270,6 @@ class Planner:
             decode_s=generation.decode_s,
         )
 
-    @property
-    def anytime_capable(self) -> bool:
-        """Whether ``plan(deadline=...)`` can answer a best-so-far plan: block decoding with the plan grammar in the
-        step (or unconstrained). AR decoding and the host-side grammar run to the end."""
-        block = (self.decode_mode == "block" or (self.decode_mode == "auto"
-                                                  and self.bundle.meta.prediction != "next_token"))
-        return block and (self._constraint is None or self._grammar is not None)
-
     def plan(self, image: np.ndarray, ego: EgoState, command: fmt.Command | str,
              route: np.ndarray | None = None, deadline: float | None = None) -> Plan:
         """``route``: the route points the caller has, (2, 2) ego frame (``fmt.route_line``; ``World.route_points`` in
@@ -285,7 +277,8 @@ class Planner:
         (``DecodeMeta.route_points``); such a model planning without one is warned about once and its plan's
         ``stats.route`` says "missing".
 
-        ``deadline``: a ``time.perf_counter()`` value. Where ``anytime_capable``, decoding that passes it stops
+        ``deadline``: a ``time.perf_counter()`` value. In block decoding with the grammar in the step (or
+        unconstrained; AR decoding and the host-side grammar run to the end), decoding that passes it stops
         refining and answers the best plan so far: the tokens fixed by then, every still-masked position one
         forward's argmax under the plan grammar; the plan is flagged ``anytime`` (valid when it parses) and its
         ``waypoint_confidence`` says how sure each waypoint is. Vision and prefill are not cut."""

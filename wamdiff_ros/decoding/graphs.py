@@ -157,11 +157,7 @@ class GraphRunner:
         block, masked = self._block[:n], self._masked[:n]
         tokens = torch.cat([self._clean[:n_clean], block]) if n_clean else block
         logits = self.engine.run_planned(tokens, n_clean)
-        if self.constrained:  # the grammar never allows [MASK]
-            scores = logits.masked_fill(self._blocked[:n], float("-inf"))
-        else:
-            scores = logits.index_fill(-1, self._no_mask, float("-inf"))
-        p, pred = torch.softmax(scores.float(), dim=-1).max(-1)
+        p, pred = self._predict(logits, self._blocked[:n] if self.constrained else None)
         conf = p.masked_fill(~masked, -1.0)
         if schedule == "static":
             select = unmask_top_k(p, masked, self._k.index_select(0, self._step_index))
@@ -242,12 +238,17 @@ class GraphRunner:
         logits = engine.run_planned(tokens, n_clean)
         engine.length += n_clean
         engine.forward_calls += 1
-        if self.constrained:
-            logits = logits.masked_fill(self._forbidden[offset:offset + count], float("-inf"))
-        else:
-            logits = logits.index_fill(-1, self._no_mask, float("-inf"))
-        p, pred = torch.softmax(logits.float(), dim=-1).max(-1)
+        p, pred = self._predict(logits, self._forbidden[offset:offset + count] if self.constrained else None)
         return pred, p
+
+    def _predict(self, logits: torch.Tensor, refused: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each position's most probable token and its probability, with the grammar's ``refused`` (n, V) tokens
+        out, or without a grammar [MASK] out (the grammar never allows it)."""
+        if refused is not None:
+            scores = logits.masked_fill(refused, float("-inf"))
+        else:
+            scores = logits.index_fill(-1, self._no_mask, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).max(-1)
 
     @torch.inference_mode()
     def step_logits(self, n: int, clean: torch.Tensor | None = None, schedule: str = "static") -> torch.Tensor:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import sys
 
+import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from lifecycle_msgs.msg import State
@@ -151,7 +152,7 @@ class Bench2DriveAdapter(Node):
         self._route = RouteCommands(poses, options, self._param("command_lookahead_m"), self._param("command_hold_m"))
         self._projection = None  # anchored again at the next tick
         self.pose_filter.reset()
-        self.route_pub.publish(path_msg(_route_array(poses), msg.header.stamp, FRAME))
+        self.route_pub.publish(path_msg(np.asarray(poses), msg.header.stamp, FRAME))
 
     def _on_gnss_route(self, msg) -> None:
         if msg.coordinates:  # Bench2Drive 0.0.4 publishes none (its ROS 2 agent appends them to the other route)
@@ -217,12 +218,6 @@ class Bench2DriveAdapter(Node):
         msg = DiagnosticArray(status=[status])
         msg.header.stamp = self.get_clock().now().to_msg()
         self._diag_pub.publish(msg)
-
-
-def _route_array(poses):
-    import numpy as np
-
-    return np.asarray(poses, dtype=np.float64)
 
 
 def main(argv: list[str] | None = None) -> int:

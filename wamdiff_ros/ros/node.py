@@ -136,7 +136,7 @@ class PlannerNode(LifecycleNode):
         self._question: str | None = None
         self.scheduler = Scheduler(self._param("detect_hz"), self._param("describe_hz"))
         self._planned: tuple[Frame, Plan] | None = None  # the last frame planned (side tasks and the debug image)
-        self._boxes: tuple[float, list] = (-np.inf, [])  # the latest detection: (its frame's stamp, boxes)
+        self._boxes: list = []  # the latest detection's boxes
         self._description = ""
         self._side_seen: dict[str, float] = {}  # side task -> the stamp of the frame it last looked at
         self._last_debug = -np.inf
@@ -631,7 +631,7 @@ class PlannerNode(LifecycleNode):
         height, width = frame.rgb.shape[:2]
         if task == DETECT:
             boxes = planner.detect(frame.rgb).boxes
-            self._boxes = (frame.stamp, boxes)
+            self._boxes = boxes
             self._boxes_pub.publish(detections_msg(boxes, frame.header, width, height))
         elif task == DESCRIBE:
             questions = list(self._param("describe_questions"))
@@ -650,10 +650,9 @@ class PlannerNode(LifecycleNode):
         self._last_debug = now
         from wamdiff_ros.draw import CameraModel, draw_plan
 
-        stamp, boxes = self._boxes
         label = "fallback stop" if not plan.valid else "anytime plan" if plan.anytime else ""
         text = " | ".join(t for t in (label, self._description) if t)
-        image = draw_plan(frame.rgb, plan.waypoints, boxes, plan.waypoint_confidence, text,
+        image = draw_plan(frame.rgb, plan.waypoints, self._boxes, plan.waypoint_confidence, text,
                           CameraModel(fov_deg=self._param("model_fov_deg")))
         self._debug_pub.publish(conv.rgb_to_image(np.asarray(image), frame.header.stamp, frame.header.frame_id))
 

@@ -37,7 +37,6 @@ class TaskStats:
     ends: deque = field(default_factory=lambda: deque(maxlen=1000))  # completion times, for the rate
     runs: int = 0
     skips: int = 0  # due, but refused by the rule
-    last_start: float = -np.inf
     next_due: float = -np.inf
     skip_counted: bool = False  # the current due instance was counted as skipped already
 
@@ -82,7 +81,6 @@ class Scheduler:
         task.latency.add(end - start)
         task.ends.append(end)
         task.runs += 1
-        task.last_start = start
         task.skip_counted = False
         period = self.periods.get(name, 0.0)
         if period > 0:

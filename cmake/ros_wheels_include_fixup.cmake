@@ -1,0 +1,30 @@
+# ROS 2 wheels from PyPI (ros-python-wheels) export *__rosidl_generator_py targets whose
+# INTERFACE_INCLUDE_DIRECTORIES name the wheel builder's Python and NumPy include dirs (/opt/python/cp3XX-...),
+# which do not exist here; CMake then stops with "includes non-existent path". Replace such entries with this
+# build's own Python/NumPy include dirs. On a normal ROS install no entry matches and nothing changes.
+# (Include it at the end of a CMakeLists.txt, so that it also sees the targets imported indirectly by
+# rosidl_generate_interfaces.)
+get_property(_wamdiff_imported_targets DIRECTORY PROPERTY IMPORTED_TARGETS)
+foreach(_target IN LISTS _wamdiff_imported_targets)
+  get_target_property(_includes ${_target} INTERFACE_INCLUDE_DIRECTORIES)
+  if(NOT _includes)
+    continue()
+  endif()
+  set(_kept)
+  set(_dropped FALSE)
+  foreach(_dir IN LISTS _includes)
+    if(_dir MATCHES "^/opt/python/" AND NOT EXISTS "${_dir}")
+      set(_dropped TRUE)
+    else()
+      list(APPEND _kept "${_dir}")
+    endif()
+  endforeach()
+  if(_dropped)
+    if(NOT Python3_NumPy_INCLUDE_DIRS)
+      find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module NumPy)
+    endif()
+    list(APPEND _kept ${Python3_INCLUDE_DIRS} ${Python3_NumPy_INCLUDE_DIRS})
+    list(REMOVE_DUPLICATES _kept)
+    set_target_properties(${_target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_kept}")
+  endif()
+endforeach()
