@@ -19,11 +19,17 @@ def wrap_angle(a: float) -> float:
     return (a + math.pi) % (2.0 * math.pi) - math.pi
 
 
+def rotate_to_ego(dx, dy, heading: float):
+    """A world-frame vector (dx, dy) -> its (forward, left) components in the ego frame of a pose with ``heading``
+    (a rotation by -heading). Elementwise: floats or arrays of one shape, in their own dtype."""
+    c, s = math.cos(heading), math.sin(heading)
+    return c * dx + s * dy, -s * dx + c * dy
+
+
 def world_to_ego(points_xy, x: float, y: float, heading: float) -> np.ndarray:
     """World points (N, 2) -> the ego frame of the pose (x, y, heading), float64 (N, 2)."""
     p = np.asarray(points_xy, dtype=np.float64).reshape(-1, 2) - (x, y)
-    c, s = math.cos(heading), math.sin(heading)
-    return np.stack([c * p[:, 0] + s * p[:, 1], -s * p[:, 0] + c * p[:, 1]], axis=1)
+    return np.stack(rotate_to_ego(p[:, 0], p[:, 1], heading), axis=1)
 
 
 def ego_to_world(points_xy, x: float, y: float, heading: float) -> np.ndarray:

@@ -22,7 +22,7 @@ from visualization_msgs.msg import Marker, MarkerArray
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.errors import EgoStateError, ImageError, InputError
-from wamdiff_ros.geometry import ego_to_world
+from wamdiff_ros.geometry import ego_to_world, rotate_to_ego
 from wamdiff_ros.planner import EgoState
 
 _NS = 1_000_000_000
@@ -250,8 +250,7 @@ class EgoEstimator:
                 dyaw = math.remainder(yaw - self._yaw, math.tau)
             else:
                 dyaw = (yaw_rate or 0.0) * dt
-            c, s = math.cos(dyaw), math.sin(dyaw)
-            prev = np.array([c * self._v[0] + s * self._v[1], -s * self._v[0] + c * self._v[1]])  # R(-dyaw) v
+            prev = np.array(rotate_to_ego(self._v[0], self._v[1], dyaw))  # R(-dyaw) v
             raw = (v - prev) / dt
             if self._acc is None:
                 self._acc = raw
