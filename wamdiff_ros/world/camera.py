@@ -19,7 +19,7 @@ from wamdiff_ros.draw import CameraModel
 from wamdiff_ros.errors import CameraConfigError
 from wamdiff_ros.format import BOX_GRID, Box
 from wamdiff_ros.world.road_mesh import PolygonLayer, road_layers
-from wamdiff_ros.geometry import Pose2D
+from wamdiff_ros.geometry import Pose2D, rotate_to_ego
 from wamdiff_ros.world.types import RoadGeometry, VehicleBox
 
 NEAR_M = 0.25  # near plane (camera depth); polygons crossing it are clipped
@@ -161,17 +161,17 @@ class FrontCamera:
         draw = ImageDraw.Draw(img)
         for layer in self._layers:
             if len(layer.radii):
-                keep, _ = self._cull(layer.centres, layer.radii, cam_xy, c, s)
+                keep, _ = self._cull(layer.centres, layer.radii, cam_xy, ego.heading)
                 self._draw_ground(draw, layer, layer.vertices[keep], a, b)
-        drawn = self._draw_vehicles(draw, vehicles, a, b, cam_xy, c, s)
+        drawn = self._draw_vehicles(draw, vehicles, a, b, cam_xy, ego.heading)
         return CameraFrame(np.array(img), self._label(drawn))
 
-    def _cull(self, centres: np.ndarray, radii: np.ndarray, cam_xy: np.ndarray, c: float, s: float
+    def _cull(self, centres: np.ndarray, radii: np.ndarray, cam_xy: np.ndarray, heading: float
               ) -> tuple[np.ndarray, np.ndarray]:
         """Circles that may show in the view (within range, not behind, inside the widened horizontal wedge), and
         the camera-to-centre ground distances."""
         rel = centres - cam_xy
-        fwd, left = rel[:, 0] * c + rel[:, 1] * s, rel[:, 1] * c - rel[:, 0] * s
+        fwd, left = rotate_to_ego(rel[:, 0], rel[:, 1], heading)
         dist = np.hypot(fwd, left)
         side = np.abs(left) * self._cos_half - fwd * self._sin_half
         return (dist - radii <= self.config.max_range_m) & (fwd + radii > 0.0) & (side <= radii), dist
@@ -203,13 +203,13 @@ class FrontCamera:
                     draw.polygon(self._pil(poly).ravel().tolist(), fill=layer.rgb, outline=outline)
 
     def _draw_vehicles(self, draw: ImageDraw.ImageDraw, vehicles: Sequence[VehicleBox], a: np.ndarray,
-                       b: np.ndarray, cam_xy: np.ndarray, c: float, s: float) -> list[_Drawn]:
+                       b: np.ndarray, cam_xy: np.ndarray, heading: float) -> list[_Drawn]:
         """Draws the vehicles far to near (visible faces only) and returns them in that order."""
         if not vehicles:
             return []
         pose = np.array([[v.pose.x, v.pose.y, v.pose.heading] for v in vehicles])
         dims = np.array([[v.length, v.width, v.height] for v in vehicles])
-        keep, dist = self._cull(pose[:, :2], 0.5 * np.hypot(dims[:, 0], dims[:, 1]), cam_xy, c, s)
+        keep, dist = self._cull(pose[:, :2], 0.5 * np.hypot(dims[:, 0], dims[:, 1]), cam_xy, heading)
         order = [int(i) for i in np.argsort(-dist, kind="stable") if keep[i] and dist[i] <= self.config.max_range_m]
         if not order:
             return []

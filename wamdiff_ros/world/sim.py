@@ -29,7 +29,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.world.metrics import EpisodeLog, Infraction, InfractionEvent
 from wamdiff_ros.world.route import Route
 from wamdiff_ros.world.scenarios import ScenarioSet, ScenarioSpec, load_scenarios
-from wamdiff_ros.geometry import Pose2D
+from wamdiff_ros.geometry import Pose2D, rotate_to_ego
 from wamdiff_ros.world.types import LINE_DASHED, LINE_NONE, LINE_SOLID, LaneStrip, RoadGeometry, VehicleBox
 
 LaneIndex = tuple[str, str, int]
@@ -269,14 +269,12 @@ class World:
 
     def ego_velocity(self) -> tuple[float, float]:
         """Velocity in the ego frame (x forward, y left), m/s."""
-        c, s = math.cos(self.ego_pose.heading), math.sin(self.ego_pose.heading)
-        vx, vy = self._velocity_world()
-        return float(c * vx + s * vy), float(-s * vx + c * vy)
+        fwd, left = rotate_to_ego(*self._velocity_world(), self.ego_pose.heading)
+        return float(fwd), float(left)
 
     def ego_acceleration(self) -> tuple[float, float]:
-        c, s = math.cos(self.ego_pose.heading), math.sin(self.ego_pose.heading)
-        ax, ay = self.acceleration_world
-        return float(c * ax + s * ay), float(-s * ax + c * ay)
+        fwd, left = rotate_to_ego(*self.acceleration_world, self.ego_pose.heading)
+        return float(fwd), float(left)
 
     @property
     def command(self) -> fmt.Command:
