@@ -23,8 +23,9 @@ SENSORS_LIMITS = {"sensor.camera.rgb": 8, "sensor.lidar.ray_cast": 2, "sensor.ot
 
 
 def _agent():
-    from wamdiff_ros.carla_bridge import ros2_agent
+    from bench2drive_stand_in import import_ros2_agent
 
+    ros2_agent = import_ros2_agent()
     return ros2_agent, ros2_agent.WamDiffROS2Agent("localhost", 2000, False)
 
 

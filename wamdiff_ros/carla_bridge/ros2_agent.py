@@ -12,7 +12,7 @@ spawns ``sensors()`` through the bridge, waits for ``/carla/hero/status``, publi
 Sensors: the thin agent's (``agent.py``: the front camera of the model card, IMU, GNSS, speedometer), with the ids
 the adapter listens to. Bench2Drive 0.0.4's ROS path turns a sensor's roll / pitch / yaw (degrees) into a quaternion
 as if they were radians, and the bridge reads the quaternion back in degrees; a non-zero angle is therefore given
-here in radians (``ANGLES_IN_RADIANS``) so that the sensor is mounted at the intended angle in degrees.
+here in radians so that the sensor is mounted at the intended angle in degrees.
 
 Leaderboard use: ``--agent=<repo>/wamdiff_ros/carla_bridge/ros2_agent.py`` with the package built in a sourced ROS 2
 workspace (``colcon build``) and carla-ros-bridge's leaderboard-2.0 branch next to it.
@@ -33,38 +33,16 @@ except ImportError:  # loaded by file path without the repository on PYTHONPATH
 from wamdiff_ros.carla_bridge.agent import AgentConfig  # noqa: E402
 from wamdiff_ros.carla_bridge.frames import camera_pitch_carla  # noqa: E402
 
-try:
-    from leaderboard.autoagents.autonomous_agent import Track
-    from leaderboard.autoagents.ros2_agent import ROS2Agent
-except ImportError:  # no Bench2Drive here: a stand-in with its interface (tests, tools)
-    from wamdiff_ros.carla_bridge.agent import Track
-
-    class ROS2Agent(object):  # type: ignore[no-redef]
-        """Bench2Drive's ROS2Agent as far as a subclass sees it: ``__init__(host, port, debug)`` asks for the entry
-        point (Bench2Drive then starts the bridge and the launch file)."""
-
-        def __init__(self, carla_host: Any = None, carla_port: Any = None, debug: bool = False) -> None:
-            self.track = Track.SENSORS
-            self.ros_entrypoint = self.get_ros_entrypoint()
-
-        def setup(self, path_to_conf_file: str) -> None:
-            pass
-
-        @staticmethod
-        def get_ros_version() -> int:
-            return 2
+# Bench2Drive's classes (the tests stand them in: test/bench2drive_stand_in.py)
+from leaderboard.autoagents.autonomous_agent import Track  # noqa: E402
+from leaderboard.autoagents.ros2_agent import ROS2Agent  # noqa: E402
 
 PACKAGE, LAUNCH_FILE = "wamdiff_ros", "bench2drive.launch.py"
 CAMERA_ID, IMU_ID, GNSS_ID, SPEED_ID = "rgb_front", "imu", "gnss", "speed"  # the adapter's defaults
-ANGLES_IN_RADIANS = True  # Bench2Drive 0.0.4's degree/radian slip in its ROS sensor spawning, compensated
 
 
 def get_entry_point() -> str:
     return "WamDiffROS2Agent"
-
-
-def _angle(carla_deg: float) -> float:
-    return math.radians(carla_deg) if ANGLES_IN_RADIANS else carla_deg
 
 
 class WamDiffROS2Agent(ROS2Agent):
@@ -89,9 +67,10 @@ class WamDiffROS2Agent(ROS2Agent):
     def sensors(self) -> List[Dict[str, Any]]:
         cfg = AgentConfig()  # the model card's camera (the thin agent's defaults)
         zero = {"x": 0.0, "y": 0.0, "z": 0.0, "roll": 0.0, "pitch": 0.0, "yaw": 0.0}
+        pitch = math.radians(camera_pitch_carla(cfg.camera_pitch_deg))  # radians: Bench2Drive 0.0.4's slip (above)
         return [
             {"type": "sensor.camera.rgb", "id": CAMERA_ID, "x": cfg.camera_x_m, "y": cfg.camera_y_m,
-             "z": cfg.camera_z_m, "roll": 0.0, "pitch": _angle(camera_pitch_carla(cfg.camera_pitch_deg)), "yaw": 0.0,
+             "z": cfg.camera_z_m, "roll": 0.0, "pitch": pitch, "yaw": 0.0,
              "width": cfg.camera_width, "height": cfg.camera_height, "fov": cfg.camera_fov_deg},
             dict(zero, type="sensor.other.imu", id=IMU_ID),
             {"type": "sensor.other.gnss", "id": GNSS_ID, "x": 0.0, "y": 0.0, "z": 0.0},
