@@ -38,13 +38,13 @@ setup(
             "wamdiff_planner_node = wamdiff_ros.ros.node:main",
             "wamdiff-replay = wamdiff_ros.ros.bags:replay_main",
             "wamdiff-record = wamdiff_ros.ros.bags:record_main",
-            "wamdiff-demo = wamdiff_ros.ros.demo:main",
+            "wamdiff-demo = wamdiff_ros.ros.sim.demo:main",
             "wamdiff-eval = wamdiff_ros.world.evaluate:main",
             "wamdiff-serve = wamdiff_ros.carla_bridge.server:main",
-            "wamdiff_highway_bridge = wamdiff_ros.ros.highway_bridge:main",
-            "wamdiff_carla_control = wamdiff_ros.ros.carla_control:main",
-            "wamdiff_bench2drive_adapter = wamdiff_ros.ros.bench2drive_adapter:main",
-            "wamdiff-closed-loop-ros = wamdiff_ros.ros.closed_loop_run:main",
+            "wamdiff_highway_bridge = wamdiff_ros.ros.bridge.highway:main",
+            "wamdiff_carla_control = wamdiff_ros.ros.bridge.carla_control:main",
+            "wamdiff_bench2drive_adapter = wamdiff_ros.ros.bridge.bench2drive_adapter:main",
+            "wamdiff-closed-loop-ros = wamdiff_ros.ros.sim.closed_loop:main",
         ]
     },
 )

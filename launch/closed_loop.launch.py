@@ -36,7 +36,7 @@ ARGUMENTS = {
 # The bridge's launch arguments and their parameter types (typed, so that "10" stays a double and "" a string).
 BRIDGE_TYPES = {"scenario": str, "seed": int, "episodes": int, "max_sim_s": float, "sync": bool, "camera_hz": float,
                 "real_time_factor": float, "results_json": str}
-# The planner's private inputs <- the bridge's topics (wamdiff_ros.ros.highway_bridge.TOPICS).
+# The planner's private inputs <- the bridge's topics (wamdiff_ros.ros.bridge.highway.TOPICS).
 REMAPPINGS = [
     ("~/input/image", "/camera/front/image_raw"),
     ("~/input/camera_info", "/camera/front/camera_info"),

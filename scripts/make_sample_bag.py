@@ -59,8 +59,8 @@ SAMPLE_FRAME = 20  # t = 2 s: the slow car 43 m ahead in the ego's lane, a braki
 T0_NS = 1_700_000_000 * 10**9
 IMAGE_HZ, ODOM_HZ = 10, 20
 IMAGE_OFFSET_NS = 20_000_000
-# DrivingCommand's constant per route command, as wamdiff_ros.ros.bridge_msgs.COMMAND_VALUES (which needs rclpy; this
-# script needs only rosbags, and stays light without the torch that rclpy's side of the package pulls in)
+# DrivingCommand's constant per route command, as wamdiff_ros.ros.bridge.messages.COMMAND_VALUES (which needs
+# rclpy; this script needs only rosbags, and stays light without the torch that rclpy's side of the package pulls in)
 COMMAND_CONSTANTS = {fmt.Command.FOLLOW: "LANE_FOLLOW", fmt.Command.LEFT: "LEFT", fmt.Command.RIGHT: "RIGHT",
                      fmt.Command.STRAIGHT: "STRAIGHT"}
 

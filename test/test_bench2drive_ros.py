@@ -201,8 +201,8 @@ def loop(tmp_path_factory):
 
     from ros_harness import NodeProcess
 
-    from wamdiff_ros.ros.bench2drive_adapter import Bench2DriveAdapter
-    from wamdiff_ros.ros.carla_control import CarlaControl
+    from wamdiff_ros.ros.bridge.bench2drive_adapter import Bench2DriveAdapter
+    from wamdiff_ros.ros.bridge.carla_control import CarlaControl
 
     adapter_ns = "/wamdiff_bench2drive_adapter/output"
     planner = NodeProcess(  # its own domain (ROS_DOMAIN_ID, set here too), loopback discovery

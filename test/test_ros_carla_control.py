@@ -20,8 +20,9 @@ from rosgraph_msgs.msg import Clock  # noqa: E402
 
 from wamdiff_ros.errors import InputError  # noqa: E402
 from wamdiff_ros.msg import PlannerOutput  # noqa: E402
-from wamdiff_ros.ros import bridge_msgs as bm  # noqa: E402
-from wamdiff_ros.ros.bridge_sync import bicycle_yaw_rate  # noqa: E402
+from wamdiff_ros.ros.bridge import messages as bm  # noqa: E402
+from wamdiff_ros.ros.bridge.sync import bicycle_yaw_rate  # noqa: E402
+from wamdiff_ros.ros.conversions import stamp_ns, time_ns  # noqa: E402
 from wamdiff_ros.geometry import Pose2D  # noqa: E402
 
 DOMAIN_ID = 232
@@ -54,7 +55,7 @@ class Rig:
     """The control node plus a fake carla-ros-bridge / planner node in one isolated context."""
 
     def __init__(self, **params) -> None:
-        from wamdiff_ros.ros.carla_control import PLAN_TOPIC, CarlaControl
+        from wamdiff_ros.ros.bridge.carla_control import PLAN_TOPIC, CarlaControl
 
         self.ctx = rclpy.Context()
         rclpy.init(context=self.ctx, domain_id=DOMAIN_ID)
@@ -101,7 +102,7 @@ class Rig:
     def plan(self, ns: int, lateral: float = 0.0, speed: float = 8.0) -> None:
         """A plan at ``speed`` m/s drifting ``lateral`` m/s to the left."""
         out = PlannerOutput(valid=True)
-        out.header.stamp = bm.time_ns(ns)
+        out.header.stamp = time_ns(ns)
         for k in range(8):
             pose = PoseStamped()
             pose.pose.position.x, pose.pose.position.y = speed * 0.5 * (k + 1), lateral * 0.5 * (k + 1)
@@ -130,7 +131,7 @@ def rig_factory(monkeypatch):
 
 
 def _ns(msg) -> int:
-    return bm.stamp_ns(msg.header.stamp)
+    return stamp_ns(msg.header.stamp)
 
 
 @pytest.mark.ros
@@ -178,7 +179,7 @@ def test_timer_ticks_on_sim_time_and_bad_messages_do_not_stop_the_node(rig_facto
         rig.spin(0.05)
     rig.plan(1_000_000_000 + DT_NS)
     bad = PlannerOutput(valid=True)
-    bad.header.stamp = bm.time_ns(clock[2])
+    bad.header.stamp = time_ns(clock[2])
     rig.plan_pub.publish(bad)  # no waypoints
     rig.odometry(3, nan=True)
     rig.spin(0.1)

@@ -18,7 +18,7 @@ from sensor_msgs.msg import Image as Image_msg  # noqa: E402
 from wamdiff_ros.msg import PlannerOutput  # noqa: E402
 from wamdiff_ros.ros.bags import read_messages, topic_counts  # noqa: E402
 from wamdiff_ros.ros.conversions import stamp_to_sec  # noqa: E402
-from wamdiff_ros.ros.demo import _wait_until_recording, main, measured_score  # noqa: E402
+from wamdiff_ros.ros.sim.demo import _wait_until_recording, main, measured_score  # noqa: E402
 
 BAG = Path(__file__).resolve().parents[1] / "wamdiff_ros" / "assets" / "sample_drive.mcap"
 

@@ -29,9 +29,9 @@ from wamdiff_ros import format as fmt  # noqa: E402
 from wamdiff_ros.errors import InputError  # noqa: E402
 from wamdiff_ros.msg import DrivingCommand, PlannerOutput  # noqa: E402
 from wamdiff_ros.planner import Plan, PlanStats  # noqa: E402
-from wamdiff_ros.ros import bridge_msgs as bm  # noqa: E402
+from wamdiff_ros.ros.bridge import messages as bm  # noqa: E402
 from wamdiff_ros.ros import conversions as conv  # noqa: E402
-from wamdiff_ros.ros.bridge_sync import PlanTracker, PoseHistory, ReceivedPlan, TickGate  # noqa: E402
+from wamdiff_ros.ros.bridge.sync import PlanTracker, PoseHistory, ReceivedPlan, TickGate  # noqa: E402
 from wamdiff_ros.ros.outputs import planner_output_msg  # noqa: E402
 from wamdiff_ros.world.camera import CameraConfig  # noqa: E402
 from wamdiff_ros.geometry import Pose2D  # noqa: E402
@@ -120,7 +120,7 @@ def test_odometry_message_round_trips_through_the_planner_conversions():
     msg = bm.odometry_msg(3_250_000_000, pose, (6.0, -0.2), 0.3, "odom", "base_link")
     assert conv.pose2d(msg) == pytest.approx((12.5, -3.0, 2.5))
     assert conv.odometry_to_velocity(msg) == pytest.approx((6.0, -0.2))  # ego frame (REP-105 twist)
-    assert conv.stamp_to_sec(msg.header.stamp) == 3.25 and bm.stamp_ns(msg.header.stamp) == 3_250_000_000
+    assert conv.stamp_to_sec(msg.header.stamp) == 3.25 and conv.stamp_ns(msg.header.stamp) == 3_250_000_000
     stamp, back, speed = bm.odometry_state(msg)
     assert stamp == 3.25 and speed == 6.0 and (back.x, back.y) == (12.5, -3.0)
     assert msg.header.frame_id == "odom" and msg.child_frame_id == "base_link" and msg.twist.twist.angular.z == 0.3
@@ -147,7 +147,7 @@ def test_command_values_agree_with_the_node():
 def test_plan_from_the_node_message_and_malformed_plans():
     wp = np.array([[2.0 * (k + 1), 0.1 * k] for k in range(8)], np.float32)
     plan = Plan(wp, np.ones(8, np.float32), [], "", True, "", PlanStats(forward_calls=12, new_tokens=40))
-    header = type("Header", (), {"stamp": bm.time_ns(7_500_000_000)})()
+    header = type("Header", (), {"stamp": conv.time_ns(7_500_000_000)})()
     msg = planner_output_msg(plan, header, (100.0, 5.0, 1.0), conv.waypoints_to_odom(wp, (100.0, 5.0, 1.0)), "odom",
                              False)
     got = bm.plan_from_msg(msg)
@@ -170,14 +170,14 @@ class FakePlanner:
     ``delay_s`` wall seconds; ``malformed`` first sends a plan with a NaN."""
 
     def __init__(self, node, lateral: float = 0.0, delay_s: float = 0.0, malformed: bool = False) -> None:
-        from wamdiff_ros.ros.highway_bridge import TOPICS
+        from wamdiff_ros.ros.bridge.highway import TOPICS
 
         self.node, self.lateral, self.delay_s, self.malformed = node, lateral, delay_s, malformed
         self.speed, self.pending, self.clock, self.odometry, self.commands = 0.0, [], [], [], []
         self.pub = node.create_publisher(PlannerOutput, TOPICS["plan"], 10)
         node.create_subscription(Odometry, TOPICS["odometry"], self._on_odometry, 20)
         node.create_subscription(Image, TOPICS["image"], self._on_image, 1)
-        node.create_subscription(Clock, "/clock", lambda m: self.clock.append(bm.stamp_ns(m.clock)),
+        node.create_subscription(Clock, "/clock", lambda m: self.clock.append(conv.stamp_ns(m.clock)),
                                  QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
         node.create_subscription(DrivingCommand, TOPICS["command"], self.commands.append, 10)
         node.create_timer(0.002, self._flush)
@@ -226,7 +226,7 @@ def isolated(monkeypatch):
 
 
 def run_bridge(make_context, seconds: float = 60.0, planner: dict | None = None, **params):
-    from wamdiff_ros.ros.highway_bridge import HighwayBridge
+    from wamdiff_ros.ros.bridge.highway import HighwayBridge
 
     ctx = make_context()
     bridge = HighwayBridge(context=ctx, parameter_overrides=[Parameter(k, value=v) for k, v in
@@ -300,7 +300,8 @@ def test_bridge_steps_on_after_the_sync_timeout_and_brakes_without_plans(isolate
 def _declared(module: str) -> set[str]:
     import importlib
 
-    return set(importlib.import_module(f"wamdiff_ros.ros.{module}").PARAMETERS)
+    modules = {"highway_bridge": "highway", "carla_control": "carla_control"}  # config/<name>.yaml -> module
+    return set(importlib.import_module(f"wamdiff_ros.ros.bridge.{modules[module]}").PARAMETERS)
 
 
 def test_parameter_files_name_only_declared_parameters():
@@ -312,8 +313,8 @@ def test_parameter_files_name_only_declared_parameters():
 
 
 def test_closed_loop_launch_wires_the_planner_to_the_bridge():
-    from wamdiff_ros.ros.closed_loop_run import planner_command
-    from wamdiff_ros.ros.highway_bridge import TOPICS
+    from wamdiff_ros.ros.sim.closed_loop import planner_command
+    from wamdiff_ros.ros.bridge.highway import TOPICS
 
     tree = ast.parse((ROOT / "launch" / "closed_loop.launch.py").read_text())
     consts = {n.targets[0].id: n.value for n in tree.body if isinstance(n, ast.Assign)}
@@ -353,17 +354,17 @@ def test_closed_loop_with_the_real_planner_node_runs_30_sim_seconds(tmp_path, mo
     rclpy.init(context=ctx, domain_id=DOMAIN_ID)
     listener = rclpy.create_node("closed_loop_listener", context=ctx)
     clock, odometry, plans = [], [], []
-    listener.create_subscription(Clock, "/clock", lambda m: clock.append(bm.stamp_ns(m.clock) * 1e-9), 10)
+    listener.create_subscription(Clock, "/clock", lambda m: clock.append(conv.stamp_ns(m.clock) * 1e-9), 10)
     listener.create_subscription(Odometry, "/odom", lambda m: odometry.append(
         (m.pose.pose.position.x, m.pose.pose.position.y, m.twist.twist.linear.x)), 50)
     listener.create_subscription(PlannerOutput, "/wamdiff_planner/output/plan",
-                                 lambda m: plans.append(bm.stamp_ns(m.header.stamp) * 1e-9), 10)
+                                 lambda m: plans.append(conv.stamp_ns(m.header.stamp) * 1e-9), 10)
     executor = SingleThreadedExecutor(context=ctx)
     executor.add_node(listener)
     out = tmp_path / "run"
     t0 = time.monotonic()
     runner = subprocess.Popen(
-        [sys.executable, "-m", "wamdiff_ros.ros.closed_loop_run", "--episodes", "0", "--seconds", "30",
+        [sys.executable, "-m", "wamdiff_ros.ros.sim.closed_loop", "--episodes", "0", "--seconds", "30",
          "--camera-hz", "5", "--out", str(out), "--timeout", "480"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -387,7 +388,7 @@ def test_closed_loop_with_the_real_planner_node_runs_30_sim_seconds(tmp_path, mo
     assert totals["distance_m"] > 100.0 and totals["progress_m"] > 50.0, totals
     # seen from outside: /clock advanced >= 30 s, the odometry moved, plans went out on the node's topic
     # (the listener may discover the bridge after its first ticks; the clock starts at CLOCK_START_NS)
-    from wamdiff_ros.ros.highway_bridge import CLOCK_START_NS
+    from wamdiff_ros.ros.bridge.highway import CLOCK_START_NS
 
     assert clock and max(clock) - CLOCK_START_NS * 1e-9 >= 30.0 - 0.1 and max(clock) - min(clock) >= 20.0, clock[:3]
     xy = np.array([o[:2] for o in odometry])

@@ -3,7 +3,8 @@ syntax: Bench2Drive imports it in CARLA 0.9.15's Python).
 
 Bench2Drive (``leaderboard/autoagents/ros2_agent.py``) starts carla-ros-bridge (passive, synchronous), then runs
 ``ros2 launch <package> <launch_file> key:=value ...`` from ``get_ros_entrypoint()`` -- here
-``launch/bench2drive.launch.py``: the planner node and the adapter (``wamdiff_ros/ros/bench2drive_adapter.py``) --
+``launch/bench2drive.launch.py``: the planner node and the adapter
+(``wamdiff_ros/ros/bridge/bench2drive_adapter.py``) --
 spawns ``sensors()`` through the bridge, waits for ``/carla/hero/status``, publishes the route and takes one
 ``CarlaEgoVehicleControl`` per tick. ``get_ros_entrypoint`` runs in the base class's ``__init__``, before
 ``setup``: its launch arguments come from the environment (``WAMDIFF_MODEL``, ``WAMDIFF_DEVICE``,

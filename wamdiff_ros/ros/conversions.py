@@ -57,13 +57,17 @@ def stamp_to_sec(stamp: Time) -> float:
     return stamp.sec + stamp.nanosec * 1e-9
 
 
+def stamp_ns(stamp: Time) -> int:
+    return int(stamp.sec) * _NS + int(stamp.nanosec)
+
+
 def to_time(stamp: Time | float | int) -> Time:
     """A builtin_interfaces/Time from a Time (copied) or seconds."""
-    ns = stamp.sec * _NS + stamp.nanosec if isinstance(stamp, Time) else round(float(stamp) * _NS)
-    return _time_ns(ns)
+    return time_ns(stamp_ns(stamp) if isinstance(stamp, Time) else round(float(stamp) * _NS))
 
 
-def _time_ns(ns: int) -> Time:
+def time_ns(ns: int) -> Time:
+    """A builtin_interfaces/Time from integer nanoseconds (exact: a stamp that goes out and comes back matches)."""
     sec, nanosec = divmod(int(ns), _NS)
     return Time(sec=sec, nanosec=nanosec)
 
@@ -308,7 +312,7 @@ def path_msg(waypoints_odom: np.ndarray, stamp: Time | float, frame_id: str,
     path.header.stamp, path.header.frame_id = t0, frame_id
     for i, ((x, y), yaw) in enumerate(zip(wp, yaws)):
         pose = PoseStamped()
-        pose.header.stamp = _time_ns(base_ns + round(fmt.WAYPOINT_DT_S * _NS) * (i + 1))
+        pose.header.stamp = time_ns(base_ns + round(fmt.WAYPOINT_DT_S * _NS) * (i + 1))
         pose.header.frame_id = frame_id
         pose.pose.position.x, pose.pose.position.y = float(x), float(y)
         pose.pose.orientation = quaternion_from_yaw(yaw)

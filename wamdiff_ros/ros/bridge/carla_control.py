@@ -21,25 +21,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 
-import rclpy
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from geometry_msgs.msg import Twist, TwistStamped
 from nav_msgs.msg import Odometry
-from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.clock import Clock, ClockType
-from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 
 from wamdiff_ros.control import CarlaActuator, FollowerGains, WaypointFollower
 from wamdiff_ros.errors import WamDiffError
 from wamdiff_ros.msg import PlannerOutput
-from wamdiff_ros.ros import bridge_msgs as bm
-from wamdiff_ros.ros.bridge_sync import PlanTracker, PoseHistory, bicycle_yaw_rate
+from wamdiff_ros.ros.bridge import messages as bm
+from wamdiff_ros.ros.bridge.sync import PlanTracker, PoseHistory, bicycle_yaw_rate
+from wamdiff_ros.ros.conversions import stamp_ns
 from wamdiff_ros.geometry import Pose2D
+from wamdiff_ros.ros.common import declare_parameters, diagnostics_msg, spin_nodes, table_params
 
 NODE_NAME = "wamdiff_carla_control"
 PLAN_TOPIC = "wamdiff_planner/output/plan"
@@ -78,8 +75,7 @@ class Counters:
 class CarlaControl(Node):
     def __init__(self, **kwargs) -> None:
         super().__init__(NODE_NAME, **kwargs)
-        for name, (default, text) in PARAMETERS.items():
-            self.declare_parameter(name, default, ParameterDescriptor(description=text, read_only=True))
+        declare_parameters(self, table_params(PARAMETERS))
         v = self._param
         if v("tick_source") not in TICK_SOURCES or v("twist") not in TWIST_KINDS:
             raise ValueError(f"tick_source must be one of {TICK_SOURCES} and twist one of {TWIST_KINDS}; got "
@@ -156,7 +152,7 @@ class CarlaControl(Node):
             self._bad("odometry", exc)
             return
         self.history.add(stamp, pose)
-        self._odom = (stamp, bm.stamp_ns(msg.header.stamp), pose, speed)
+        self._odom = (stamp, stamp_ns(msg.header.stamp), pose, speed)
         self._base_frame = msg.child_frame_id or self._base_frame  # the twist's frame, as the odometry's
         if self._param("tick_source") == "odometry":
             self._tick(self._odom[1])
@@ -211,32 +207,13 @@ class CarlaControl(Node):
                       plan_age_wall_s="none" if age is None else round(age, 3),
                       carla_msgs=self._control_pub is not None,
                       **{f"dropped.{k}": n for k, n in self.tracker.counters.dropped.items()})
-        status = DiagnosticStatus(level=level, name=f"{NODE_NAME}: control", hardware_id=NODE_NAME,
-                                  message="braking: " + c.last_reason if self._braking else "tracking",
-                                  values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
-        msg = DiagnosticArray(status=[status])
-        msg.header.stamp = self.get_clock().now().to_msg()
-        self._diag_pub.publish(msg)
+        message = "braking: " + c.last_reason if self._braking else "tracking"
+        self._diag_pub.publish(diagnostics_msg(NODE_NAME, "control", level, message, values,
+                                               self.get_clock().now().to_msg()))
 
 
 def main(argv: list[str] | None = None) -> int:
-    rclpy.init(args=list(sys.argv if argv is None else argv))
-    try:
-        node = CarlaControl()
-    except (WamDiffError, ValueError, ParameterException) as exc:  # a bad value: say which and stop
-        print(f"{NODE_NAME}: {exc}", file=sys.stderr)
-        rclpy.try_shutdown()
-        return 2
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return spin_nodes(NODE_NAME, lambda: [CarlaControl()], argv)
 
 
 if __name__ == "__main__":

@@ -18,18 +18,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
-import rclpy
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from nav_msgs.msg import Odometry
 from nav_msgs.msg import Path as PathMsg
-from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.clock import Clock, ClockType
-from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock as ClockMsg
@@ -38,15 +33,16 @@ from sensor_msgs.msg import CameraInfo, Image
 from wamdiff_ros.control import FollowerGains, HighwayEnvActuator, WaypointFollower
 from wamdiff_ros.errors import WamDiffError
 from wamdiff_ros.msg import DrivingCommand, PlannerOutput
-from wamdiff_ros.ros import bridge_msgs as bm
-from wamdiff_ros.ros.bridge_episode import Episode
-from wamdiff_ros.ros.bridge_sync import PlanTracker, PoseHistory, TickGate
-from wamdiff_ros.ros.conversions import path_msg, rgb_to_image
+from wamdiff_ros.ros.bridge import messages as bm
+from wamdiff_ros.ros.bridge.episode import Episode
+from wamdiff_ros.ros.bridge.sync import PlanTracker, PoseHistory, TickGate
+from wamdiff_ros.ros.conversions import path_msg, rgb_to_image, stamp_ns, time_ns
 from wamdiff_ros.route_points import ROUTE_PATH_M
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
 from wamdiff_ros.world.scenarios import load_scenarios
 from wamdiff_ros.world.sim import World
 from wamdiff_ros.geometry import wrap_angle
+from wamdiff_ros.ros.common import declare_parameters, diagnostics_msg, spin_nodes, table_params
 
 NODE_NAME = "wamdiff_highway_bridge"
 # Sensor topics as a simulator names them (planner.launch.py's defaults); relative, so a namespace moves them all.
@@ -87,8 +83,7 @@ PARAMETERS = {  # name: (default, description); all read at start
 class HighwayBridge(Node):
     def __init__(self, **kwargs) -> None:
         super().__init__(NODE_NAME, **kwargs)
-        for name, (default, text) in PARAMETERS.items():
-            self.declare_parameter(name, default, ParameterDescriptor(description=text, read_only=True))
+        declare_parameters(self, table_params(PARAMETERS))
         v = self._param
         self.scenarios = load_scenarios(v("scenario_file") or None)
         self.spec = self.scenarios.get(v("scenario"))
@@ -172,6 +167,7 @@ class HighwayBridge(Node):
             self.finished = True
             self.get_logger().info(f"done: {len(self.results)} episodes, {self._sim_total_s():.1f} s simulated")
             self.exit_requested = bool(self._param("exit_when_done"))
+            self._publish_diagnostics()  # the final state
             return
         self.seed += 1
         self._new_episode(self.clock_ns + self.dt_ns)
@@ -265,10 +261,10 @@ class HighwayBridge(Node):
         if ep.ticks % self.frame_every or not camera:
             return
         self._command_pub.publish(bm.command_msg(world.command, ns))
-        self._route_pub.publish(path_msg(world.route_centre(ROUTE_PATH_M), bm.time_ns(ns), self._param("odom_frame")))
+        self._route_pub.publish(path_msg(world.route_centre(ROUTE_PATH_M), time_ns(ns), self._param("odom_frame")))
         self._info_pub.publish(bm.camera_info_msg(self.camera_config, ns, self._param("camera_frame")))
         image = ep.camera.render(pose, world.others()).image
-        self._image_pub.publish(rgb_to_image(image, bm.time_ns(ns), self._param("camera_frame")))
+        self._image_pub.publish(rgb_to_image(image, time_ns(ns), self._param("camera_frame")))
         if republish:
             self._last_republish = wall
         else:
@@ -288,7 +284,7 @@ class HighwayBridge(Node):
             self.bad_plans += 1
             self.get_logger().warning(f"dropped a malformed plan: {exc}", throttle_duration_sec=2.0)
             return
-        ns = bm.stamp_ns(msg.header.stamp)
+        ns = stamp_ns(msg.header.stamp)
         sent = self._frame_wall.pop(ns, None)
         ep = self.episode
         if sent is not None and not self.finished:
@@ -326,35 +322,13 @@ class HighwayBridge(Node):
         if self.results:
             values["last_driving_score"] = round(self.results[-1]["driving_score"], 2)
             values["last_end_reason"] = self.results[-1]["end_reason"]
-        status = DiagnosticStatus(level=level, name=f"{NODE_NAME}: world", hardware_id=NODE_NAME,
-                                  message=f"{state}; {self.gate.timeouts} sync timeouts",
-                                  values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
-        msg = DiagnosticArray(status=[status])
-        msg.header.stamp = bm.time_ns(self.clock_ns)
-        self._diag_pub.publish(msg)
+        message = f"{state}; {self.gate.timeouts} sync timeouts"
+        self._diag_pub.publish(diagnostics_msg(NODE_NAME, "world", level, message, values, time_ns(self.clock_ns)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    rclpy.init(args=list(sys.argv if argv is None else argv))
-    try:
-        node = HighwayBridge()
-    except (WamDiffError, ValueError, ParameterException) as exc:  # e.g. an unknown scenario, an int for a double
-        print(f"{NODE_NAME}: {exc}", file=sys.stderr)
-        rclpy.try_shutdown()
-        return 2
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        while rclpy.ok() and not node.exit_requested:
-            executor.spin_once(timeout_sec=0.1)
-        node._publish_diagnostics()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node._write_results()
-        node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return spin_nodes(NODE_NAME, lambda: [HighwayBridge()], argv, running=lambda nodes: not nodes[0].exit_requested,
+                      finish=lambda nodes: nodes[0]._write_results())
 
 
 if __name__ == "__main__":

@@ -30,16 +30,13 @@ This process runs two nodes:
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
-import rclpy
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from lifecycle_msgs.msg import State
 from lifecycle_msgs.srv import GetState
 from nav_msgs.msg import Odometry, Path
 from rclpy.clock import Clock as Clock_, ClockType
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
@@ -52,8 +49,9 @@ from wamdiff_ros.carla_bridge.localization import PoseFilter
 from wamdiff_ros.carla_bridge.route import RouteCommands
 from wamdiff_ros.geometry import Pose2D
 from wamdiff_ros.msg import DrivingCommand
-from wamdiff_ros.ros import bridge_msgs as bm
+from wamdiff_ros.ros.bridge import messages as bm
 from wamdiff_ros.ros.conversions import path_msg, yaw_from_quaternion
+from wamdiff_ros.ros.common import declare_parameters, diagnostics_msg, spin_nodes, table_params
 
 NODE_NAME = "wamdiff_bench2drive_adapter"
 FRAME = "map"
@@ -77,8 +75,7 @@ def _seconds(stamp) -> float:
 class Bench2DriveAdapter(Node):
     def __init__(self, **kwargs) -> None:
         super().__init__(NODE_NAME, **kwargs)
-        for name, (default, text) in PARAMETERS.items():
-            self.declare_parameter(name, default)
+        declare_parameters(self, table_params(PARAMETERS, read_only=False))
         from carla_msgs.msg import CarlaGnssRoute, CarlaRoute, CarlaSpeedometer  # carla-ros-bridge's interfaces
 
         v = self._param
@@ -87,10 +84,8 @@ class Bench2DriveAdapter(Node):
         self.counters = {"ticks": 0, "odometry": 0, "waiting_for_sensors": 0, "routes": 0, "bad_messages": 0}
         self._gnss: tuple[float, float] | None = None  # the latest fix (lat, lon)
         self._yaw: float | None = None
-        self._accel = (0.0, 0.0)
         self._speed: float | None = None
         self._route_poses: list[tuple[float, float]] = []
-        self._route_options: list[int] = []
         self._gnss_origin: tuple[float, float] | None = None  # the GNSS route's first point, when it has one
         self._projection: GeoProjection | None = None
         self._offset = (0.0, 0.0)
@@ -128,7 +123,6 @@ class Bench2DriveAdapter(Node):
     def _on_imu(self, msg: Imu) -> None:
         try:
             self._yaw = yaw_from_quaternion(msg.orientation)
-            self._accel = (float(msg.linear_acceleration.x), float(msg.linear_acceleration.y))
         except Exception as exc:  # a malformed message never stops the adapter
             self._bad("imu", exc)
 
@@ -147,7 +141,7 @@ class Bench2DriveAdapter(Node):
         except Exception as exc:
             self._bad("global_plan", exc)
             return
-        self._route_poses, self._route_options = poses, options
+        self._route_poses = poses
         self.counters["routes"] += 1
         self._route = RouteCommands(poses, options, self._param("command_lookahead_m"), self._param("command_hold_m"))
         self._projection = None  # anchored again at the next tick
@@ -212,32 +206,16 @@ class Bench2DriveAdapter(Node):
         values = dict(self.counters, status_sent=self._status_sent, route_points=len(self._route_poses),
                       gnss_origin="gnss route" if self._gnss_origin else "first fix" if self._projection else "none")
         level = DiagnosticStatus.OK if self._status_sent and self.counters["odometry"] else DiagnosticStatus.WARN
-        status = DiagnosticStatus(level=level, name=f"{NODE_NAME}: adapter", hardware_id=NODE_NAME,
-                                  message="running" if level == DiagnosticStatus.OK else "waiting",
-                                  values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
-        msg = DiagnosticArray(status=[status])
-        msg.header.stamp = self.get_clock().now().to_msg()
-        self._diag_pub.publish(msg)
+        message = "running" if level == DiagnosticStatus.OK else "waiting"
+        self._diag_pub.publish(diagnostics_msg(NODE_NAME, "adapter", level, message, values,
+                                               self.get_clock().now().to_msg()))
 
 
 def main(argv: list[str] | None = None) -> int:
     """The adapter and the control node in one process (one executor)."""
-    from wamdiff_ros.ros.carla_control import CarlaControl
+    from wamdiff_ros.ros.bridge.carla_control import CarlaControl
 
-    rclpy.init(args=list(sys.argv if argv is None else argv))
-    adapter, control = Bench2DriveAdapter(), CarlaControl()
-    executor = SingleThreadedExecutor()
-    executor.add_node(adapter)
-    executor.add_node(control)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        adapter.destroy_node()
-        control.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return spin_nodes(NODE_NAME, lambda: [Bench2DriveAdapter(), CarlaControl()], argv)
 
 
 if __name__ == "__main__":

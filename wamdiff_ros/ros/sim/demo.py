@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, TINY_RANDOM, is_model, resolve
-from wamdiff_ros.ros.processes import python_module, ros_environment, share_file, shut_down
+from wamdiff_ros.ros.sim.processes import python_module, ros_environment, share_file, shut_down
 
 NODE = "/wamdiff_planner"
 OUTPUT_TOPICS = (f"{NODE}/output/plan", f"{NODE}/output/path", "/diagnostics", f"{NODE}/output/boxes",
@@ -170,10 +170,10 @@ def _boxes(detections) -> list:
 
 def drive(model: str, out: Path, seconds: float) -> int:
     """One closed-loop episode through the planner node and the highway bridge; prints its driving score."""
-    from wamdiff_ros.ros import closed_loop_run
+    from wamdiff_ros.ros.sim import closed_loop
 
     argv = ["--scenario", DRIVE_SCENARIO, "--episodes", "1", "--model", model, "--out", str(out), "--timeout", "1800"]
-    code = closed_loop_run.main(argv + (["--seconds", str(seconds)] if seconds > 0 else []))
+    code = closed_loop.main(argv + (["--seconds", str(seconds)] if seconds > 0 else []))
     results = out / "results.json"
     if not results.is_file():
         return code or 1
@@ -217,14 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not is_model(args.model):
         p.error(f"--model {args.model}: no such model; expected a {MODEL_HELP}")
-    from wamdiff_ros.ros import closed_loop_run
+    from wamdiff_ros.ros.sim import closed_loop
 
     if args.closed_loop:
-        return closed_loop_run.main(["--scenario", args.closed_loop, "--episodes", "1", "--model", args.model,
+        return closed_loop.main(["--scenario", args.closed_loop, "--episodes", "1", "--model", args.model,
                                      "--out", args.out])
     node_args = ["-p", f"model:={args.model}"]
     if args.model == TINY_RANDOM:  # random weights: the fast decode; a trained model keeps the node's defaults
-        node_args += [x for param in closed_loop_run.TINY_NODE_PARAMS for x in ("-p", param)]
+        node_args += [x for param in closed_loop.TINY_NODE_PARAMS for x in ("-p", param)]
     out = Path(args.out)
     code = run(Path(args.bag), out, node_args, args.settle)
     if code != 0:

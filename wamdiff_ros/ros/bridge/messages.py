@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from builtin_interfaces.msg import Time
 from geometry_msgs.msg import Twist, TwistStamped
 from nav_msgs.msg import Odometry
 from rosgraph_msgs.msg import Clock
@@ -20,26 +19,17 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.errors import InputError
 from wamdiff_ros.msg import DrivingCommand, PlannerOutput
 from wamdiff_ros.ros import conversions as conv
-from wamdiff_ros.ros.bridge_sync import ReceivedPlan
+from wamdiff_ros.ros.conversions import time_ns
+from wamdiff_ros.ros.bridge.sync import ReceivedPlan
 from wamdiff_ros.world.camera import CameraConfig
 from wamdiff_ros.geometry import Pose2D
 
-_NS = 1_000_000_000
 COMMAND_VALUES = {
     fmt.Command.FOLLOW: DrivingCommand.LANE_FOLLOW,
     fmt.Command.LEFT: DrivingCommand.LEFT,
     fmt.Command.RIGHT: DrivingCommand.RIGHT,
     fmt.Command.STRAIGHT: DrivingCommand.STRAIGHT,
 }
-
-
-def time_ns(ns: int) -> Time:
-    sec, nanosec = divmod(int(ns), _NS)
-    return Time(sec=sec, nanosec=nanosec)
-
-
-def stamp_ns(stamp: Time) -> int:
-    return int(stamp.sec) * _NS + int(stamp.nanosec)
 
 
 def clock_msg(ns: int) -> Clock:

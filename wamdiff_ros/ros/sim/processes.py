@@ -11,7 +11,7 @@ from pathlib import Path
 
 def share_file(name: str) -> Path:
     """``config/<name>`` from the repository, else from the installed share folder."""
-    repo = Path(__file__).resolve().parents[2] / "config" / name
+    repo = Path(__file__).resolve().parents[3] / "config" / name
     return repo if repo.is_file() else Path(sys.prefix) / "share" / "wamdiff_ros" / "config" / name
 
 

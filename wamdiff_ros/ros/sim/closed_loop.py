@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, TINY_RANDOM
-from wamdiff_ros.ros.processes import python_module, ros_environment, share_file, shut_down
+from wamdiff_ros.ros.sim.processes import python_module, ros_environment, share_file, shut_down
 
 NODE = "/wamdiff_planner"
 DEFAULT_DOMAIN_ID = "230"  # apart from the tests' and the demo's domains (Fast DDS accepts 0-232)
@@ -43,7 +43,7 @@ def bridge_command(args: argparse.Namespace, results: Path) -> list[str]:
               "real_time_factor": float(args.real_time_factor), "camera_hz": float(args.camera_hz),
               "results_json": str(results), "exit_when_done": "true", "use_sim_time": "true"}
     flat = [x for k, val in params.items() for x in ("-p", f"{k}:={val}")]
-    return python_module("wamdiff_ros.ros.highway_bridge", "--ros-args", "--params-file",
+    return python_module("wamdiff_ros.ros.bridge.highway", "--ros-args", "--params-file",
                    str(share_file("highway_bridge.yaml")), *flat)
 
 
