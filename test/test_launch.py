@@ -121,8 +121,8 @@ def test_installed_prefix_holds_every_launched_executable(monkeypatch):
 def test_rviz_config_shows_the_nodes_outputs_and_is_installed():
     config = yaml.safe_load((ROOT / "rviz" / "wamdiff.rviz").read_text())["Visualization Manager"]
     topics = {d["Topic"]["Value"] for d in config["Displays"] if "Topic" in d}
-    node = (ROOT / "wamdiff_ros" / "ros" / "node.py").read_text()
-    for topic in topics:
+    node = "".join((ROOT / "wamdiff_ros" / "ros" / name).read_text() for name in ("node.py", "outputs.py"))
+    for topic in topics:  # a topic the node publishes (outputs.py holds its publishers)
         assert topic.startswith("/wamdiff_planner/") and f'"~/{topic.split("/", 2)[2]}"' in node, topic
     assert {"/wamdiff_planner/output/path", "/wamdiff_planner/debug/markers", "/wamdiff_planner/debug/image"} <= topics
     assert config["Global Options"]["Fixed Frame"] == "odom"

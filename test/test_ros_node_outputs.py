@@ -74,7 +74,7 @@ def run():
     image, stamps = np.full((64, 128, 3), 90, np.uint8), []
     end = time.monotonic() + SECONDS
     while time.monotonic() < end:
-        now = node._now()
+        now = node.now()
         odom = Odometry()
         odom.header.stamp, odom.header.frame_id, odom.child_frame_id = to_time(now), "odom", "base_link"
         odom.pose.pose.orientation = quaternion_from_yaw(0.0)
@@ -99,7 +99,7 @@ def test_side_tasks_arrive_at_their_rates(run, key, hz):
     times = [t for t, _ in got[key]]
     assert len(times) >= hz * SECONDS * 0.6, len(times)
     assert 0.8 * hz <= _rate(times) <= 1.2 * hz, (_rate(times), [round(t - times[0], 2) for t in times],
-                                                  node.scheduler.values())
+                                                  node.side.scheduler.values())
 
 
 def test_every_output_carries_its_frames_stamp(run):
@@ -124,7 +124,7 @@ def test_every_output_carries_its_frames_stamp(run):
 
 def test_diagnostics_report_each_task(run):
     node, got, _ = run
-    values = node.scheduler.values()
+    values = node.side.scheduler.values()
     for task in ("plan", "detect", "describe"):
         assert values[f"{task}.runs"] > 0 and values[f"{task}.p50_ms"] > 0 and values[f"{task}.p99_ms"] > 0
     assert values["detect.rate_hz"] == pytest.approx(DETECT_HZ, rel=0.2)

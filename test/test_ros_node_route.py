@@ -20,9 +20,11 @@ from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 
 from wamdiff_ros import format as fmt  # noqa: E402
-from wamdiff_ros.model import DecodeMeta, save_checkpoint, tiny_random  # noqa: E402
+from wamdiff_ros.model import DecodeMeta, tiny_random  # noqa: E402
 from wamdiff_ros.ros.conversions import quaternion_from_yaw, to_time  # noqa: E402
-from wamdiff_ros.ros.node import Frame, PlannerNode  # noqa: E402
+from wamdiff_ros.ros.cycle import Frame  # noqa: E402
+from wamdiff_ros.ros.node import PlannerNode  # noqa: E402
+from wamdiff_training.checkpoint import save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.ros
 LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
@@ -59,7 +61,7 @@ class Running:
         self.executor.add_node(self.node)
         self.executor.add_node(self.driver)
         self.published, self.diagnostics, self.calls = [], [], []
-        monkeypatch.setattr(self.node._plan_pub, "publish", self.published.append)
+        monkeypatch.setattr(self.node.outputs.plan_pub, "publish", self.published.append)
         monkeypatch.setattr(self.node._diag_pub, "publish", self.diagnostics.append)
         real = self.node.planner.plan
 
@@ -78,12 +80,12 @@ class Running:
             pose.header.frame_id = frame_id
             pose.pose.position.x, pose.pose.position.y = float(x), float(y)
             msg.poses.append(pose)
-        before, bad = self.node._route, self.node.counters.bad_input
+        before, bad = self.node.inputs.route, self.node.counters.bad_input
         self.route_pub.publish(msg)
         end = time.monotonic() + 10.0
-        while time.monotonic() < end and self.node._route is before and self.node.counters.bad_input == bad:
+        while time.monotonic() < end and self.node.inputs.route is before and self.node.counters.bad_input == bad:
             self.executor.spin_once(timeout_sec=0.05)
-        assert self.node._route is not before or self.node.counters.bad_input != bad, "the route did not arrive"
+        assert self.node.inputs.route is not before or self.node.counters.bad_input != bad, "the route did not arrive"
 
     def cycle(self, frame_id: str = "odom"):
         """Odometry at (EGO_X, EGO_Y, EGO_YAW) in ``frame_id``, a command and an image of the same instant; one
@@ -95,10 +97,10 @@ class Running:
         odom.pose.pose.orientation = quaternion_from_yaw(EGO_YAW)
         odom.twist.twist.linear.x = 5.0
         self.node._on_odometry(odom)
-        self.node._command = (now, fmt.Command.LEFT)
+        self.node.inputs.set_command(now, fmt.Command.LEFT)
         header = type("Header", (), {"stamp": to_time(now)})()
         n = len(self.published)
-        self.node._cycle(Frame(now, header, np.full((64, 128, 3), 80, np.uint8)))
+        self.node.worker.cycle(Frame(now, header, np.full((64, 128, 3), 80, np.uint8)))
         assert len(self.published) == n + 1 and self.node.counters.errors == 0  # it planned
         args, kwargs = self.calls[-1]
         assert len(args) == 3
@@ -109,7 +111,7 @@ class Running:
         return {kv.key: kv.value for kv in self.diagnostics[-1].status[0].values}
 
     def close(self) -> None:
-        self.node._stop_worker()
+        self.node.worker.stop()
         self.executor.shutdown()
         self.driver.destroy_node()
         self.node.destroy_node()
@@ -164,12 +166,12 @@ def test_a_model_that_wants_route_points_gets_them_from_the_route_topic(monkeypa
             run.send_route(straight)
             bad = run.node.counters.bad_input
             run.send_route(xy)
-            assert run.node.counters.bad_input == bad + 1 and run.node._route is None
+            assert run.node.counters.bad_input == bad + 1 and run.node.inputs.route is None
             assert run.cycle() is None
         run.send_route(straight)
         np.testing.assert_allclose(run.cycle(), _expected(straight), atol=1e-6)
         run.send_route([])  # an empty path clears the route quietly
-        assert run.node._route is None and run.cycle() is None
+        assert run.node.inputs.route is None and run.cycle() is None
     finally:
         run.close()
 

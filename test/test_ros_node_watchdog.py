@@ -39,7 +39,7 @@ class Running:
         self.node = PlannerNode(context=self.ctx, parameter_overrides=params)
         assert self.node.trigger_configure() == TransitionCallbackReturn.SUCCESS
         self.published = []  # (wall time, PlannerOutput)
-        self.node._plan_pub.publish = lambda msg: self.published.append((self.node._now(), msg))
+        self.node.outputs.plan_pub.publish = lambda msg: self.published.append((self.node.now(), msg))
         self.node.planner.plan = wrap(self.node.planner.plan)
         assert self.node.trigger_activate() == TransitionCallbackReturn.SUCCESS
         self.executor = SingleThreadedExecutor(context=self.ctx)
@@ -52,7 +52,7 @@ class Running:
         stamps = []
         image = np.full((64, 128, 3), 90, np.uint8) if image is None else image
         for _ in range(frames):
-            now = self.node._now()
+            now = self.node.now()
             odom = Odometry()
             odom.header.stamp, odom.header.frame_id, odom.child_frame_id = to_time(now), "odom", "base_link"
             odom.pose.pose.orientation = quaternion_from_yaw(0.0)
@@ -153,7 +153,7 @@ def test_a_plan_cut_at_its_deadline_is_published_as_anytime(monkeypatch):
 
         run.drive(frames=20, image=load_rgb(sample_image_path()))  # a road: the trained model's plans are sane
         published = [msg for _, msg in run.published]
-        assert published, (run.node.counters, run.node.scheduler.values())
+        assert published, (run.node.counters, run.node.side.scheduler.values())
         anytime = [m for m in published if m.anytime]
         assert anytime and all(m.valid and not m.fallback for m in anytime), [(m.valid, m.reason) for m in published]
         assert all(len(m.waypoint_confidence) == 8 and min(m.waypoint_confidence) > 0 for m in anytime)

@@ -1,15 +1,17 @@
 """A flight recorder for the node: the last few seconds of raw (CDR) messages per topic, dumped to MCAP on demand.
 
 Pure Python plus rosbags: feed it from ``create_subscription(..., raw=True)`` callbacks with the receive time, and
-call :meth:`BlackBox.dump` when something worth investigating happens (a fallback stop). The dump replays with
-``wamdiff-replay`` or ``ros2 bag play``.
+call :meth:`BlackBox.dump` when something worth investigating happens (a fallback stop); :class:`Recorder` does
+that for the node. The dump replays with ``wamdiff-replay`` or ``ros2 bag play``.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -191,3 +193,39 @@ class BlackBox:
             chosen.append(i)
             total += size
         return [items[i] for i in sorted(chosen)]
+
+
+def default_folder(setting: str) -> str:
+    """The node's ``blackbox_dir``: '' = $ROS_HOME/wamdiff_blackbox."""
+    home = os.environ.get("ROS_HOME", os.path.join(os.path.expanduser("~"), ".ros"))
+    return setting or os.path.join(home, "wamdiff_blackbox")
+
+
+class Recorder:
+    """A node's black box: its inputs' raw copies go into a ``BlackBox`` (``add``, from raw subscriptions), a
+    fallback dumps it (``dump``) on a thread of its own, at most once per ``min_interval_s``; a disk error is reported
+    through ``on_error`` and never stops planning."""
+
+    def __init__(self, box: BlackBox, folder: str, on_written: Callable[[Path, str], None],
+                 on_error: Callable[[Exception], None]) -> None:
+        self.box = box
+        self.folder = folder
+        self.on_written = on_written
+        self.on_error = on_error
+        self._last_dump = -float("inf")
+
+    def add(self, topic: str, msgtype: str, stamp_ns: int, raw: bytes | bytearray | memoryview) -> None:
+        self.box.add(topic, msgtype, stamp_ns, raw)
+
+    def dump(self, reason: str, min_interval_s: float) -> None:
+        if time.monotonic() - self._last_dump < min_interval_s:
+            return
+        self._last_dump = time.monotonic()
+        threading.Thread(target=self._write, args=(reason,), name="wamdiff-blackbox", daemon=True).start()
+
+    def _write(self, reason: str) -> None:
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            self.on_written(self.box.dump(self.folder), reason)
+        except Exception as exc:  # a full disk must not stop planning
+            self.on_error(exc)

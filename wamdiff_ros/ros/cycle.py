@@ -1,6 +1,6 @@
-"""The planning cycle's plain parts, free of rclpy: the latest-frame slot, the odometry history that pairs a frame
-with the odometry of its own instant, input checks and latency statistics (the fallback stop: ``control.stop``). The
-node wires them to topics; tests drive them directly."""
+"""The planning cycle's plain parts, free of rclpy: the latest-frame slot, the inputs a frame is paired with (the
+odometry of its own instant, the command, the route points), input checks, the decoder's deadline and latency
+statistics (the fallback stop: ``control.stop``). The node wires them to topics; tests drive them directly."""
 
 from __future__ import annotations
 
@@ -8,9 +8,15 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
+
+from wamdiff_ros.format import Command
+from wamdiff_ros.route_points import route_points_ahead
+
+if TYPE_CHECKING:
+    from wamdiff_ros.planner import EgoState
 
 
 T = TypeVar("T")
@@ -254,3 +260,154 @@ def default_command_due(command: tuple[float, object] | None, now: float, timeou
     """Whether a cycle plans with the ``default_command`` parameter: one is set and no command has arrived, or only
     one older than ``timeout_s``."""
     return bool(default) and (command is None or now - command[0] > timeout_s)
+
+
+@dataclass(slots=True)
+class Frame:
+    stamp: float  # seconds, the node's clock
+    header: object
+    rgb: np.ndarray
+    convert_s: float = 0.0  # time spent turning the message into the array
+    arrival: float = 0.0  # time.monotonic() when it arrived
+
+
+@dataclass(slots=True)
+class RouteInput:
+    """The latest ``~/input/route``: its points (N, 2) in ``frame_id``; ``refused`` once a cycle has reported that
+    its frame is not the odometry's (reported once per message, skipped every cycle)."""
+    stamp: float
+    frame_id: str
+    points: np.ndarray
+    refused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Paired:
+    """A frame's inputs of its own instant: the ego pose (x, y, yaw in the odometry frame), its state and the
+    command to plan with."""
+    pose: tuple[float, float, float]
+    ego: EgoState
+    command: Command
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePoints:
+    """A cycle's route points (ego frame), or None with the ``problem`` (``report``: said for the first time)."""
+    points: np.ndarray | None
+    problem: Exception | None = None
+    report: bool = True
+
+
+class CycleInputs:
+    """What the subscriptions keep for the next cycle (odometry by stamp, the latest command and route) and the pairing
+    of a frame with them. The callbacks write, the inference thread pairs: thread-safe."""
+
+    def __init__(self) -> None:
+        self.odometry: StampedHistory[tuple[tuple[float, float, float], EgoState]] = StampedHistory()
+        self.odom_frame_id = ""  # header.frame_id of the latest odometry
+        self._lock = threading.Lock()
+        self._command: tuple[float, Command] | None = None
+        self.route: RouteInput | None = None
+        self.route_state = "none"  # for the diagnostics: none | used | refused: ... | error: ...
+        self.default_in_use = False  # the last pairing planned with default_command
+        self._last_image_stamp = -np.inf
+
+    def add_odometry(self, stamp: float, frame_id: str, pose: tuple[float, float, float], ego: EgoState) -> None:
+        self.odom_frame_id = frame_id
+        self.odometry.add(stamp, (pose, ego))
+
+    def set_command(self, stamp: float, command: Command) -> None:
+        with self._lock:
+            self._command = (stamp, command)
+
+    @property
+    def command(self) -> tuple[float, Command] | None:
+        with self._lock:
+            return self._command
+
+    def set_route(self, stamp: float, frame_id: str, points: np.ndarray) -> None:
+        """The latest route; an empty one clears it. Raises (and clears the route) when it has fewer than two finite
+        points: the same checks as every cycle's."""
+        try:
+            if len(points):
+                route_points_ahead(points, points[0], 0.0)
+        except Exception as exc:
+            self.clear_route(f"error: {exc}")
+            raise
+        with self._lock:
+            if not len(points):
+                self.route, self.route_state = None, "none"
+            else:
+                self.route = RouteInput(stamp, frame_id, points)
+
+    def clear_route(self, state: str = "none") -> None:
+        with self._lock:
+            self.route, self.route_state = None, state
+
+    def went_back(self, stamp: float, sync_tolerance_s: float) -> bool:
+        """Whether the image at ``stamp`` is older than the last one (a looping bag, a restarted simulator): the
+        odometry from before the jump is dropped and the caller starts over."""
+        back = stamp < self._last_image_stamp
+        if back:
+            self.odometry.drop_after(stamp + sync_tolerance_s)
+        self._last_image_stamp = stamp
+        return back
+
+    def pair(self, stamp: float, now: float, limits: InputLimits, odometry_wait_s: float,
+             default_command: str) -> Paired | str:
+        """The inputs of the frame at ``stamp`` (waiting up to ``odometry_wait_s`` for its odometry), or why the
+        cycle cannot run."""
+        odom = self.odometry.at(stamp, odometry_wait_s)
+        command = self.command
+        self.default_in_use = default_command_due(command, now, limits.command_timeout_s, default_command)
+        if self.default_in_use:
+            command = (now, Command(default_command))
+        reason = check_inputs(stamp, now, odom[0] if odom else None, command[0] if command else None, limits)
+        if reason is not None:
+            return reason
+        pose, ego = odom[1]
+        return Paired(pose, ego, command[1])
+
+    def route_points(self, pose: tuple[float, float, float]) -> RoutePoints:
+        """The route points (``ROUTE_AHEAD_M`` ahead along the route, ego frame) for the ego at ``pose``; None with the
+        problem when the route is missing (no problem), in another frame than the odometry's, or unusable."""
+        with self._lock:
+            route = self.route
+        if route is None:
+            return RoutePoints(None)
+        if route.frame_id and self.odom_frame_id and route.frame_id != self.odom_frame_id:
+            message = (f"frame {route.frame_id!r} is not the odometry's {self.odom_frame_id!r}; planning without "
+                       "route points")
+            report, route.refused = not route.refused, True
+            self._set_route_state(f"refused: {message}")
+            return RoutePoints(None, ValueError(message), report)
+        try:
+            points = route_points_ahead(route.points, pose[:2], pose[2])
+        except Exception as exc:
+            self._set_route_state(f"error: {exc}")
+            return RoutePoints(None, exc)
+        self._set_route_state("used")
+        return RoutePoints(points)
+
+    def _set_route_state(self, state: str) -> None:
+        with self._lock:
+            self.route_state = state
+
+    def values(self, now: float) -> dict[str, object]:
+        """The inputs' ages and the route's state, for the diagnostics."""
+        odom, command = self.odometry.newest(), self.command
+        with self._lock:
+            route, state = self.route, self.route_state
+        return {"odometry_age_s": round(now - odom[0], 3) if odom else "none",
+                "command_age_s": round(now - command[0], 3) if command else "none",
+                "route": state, "route_age_s": round(now - route.stamp, 3) if route else "none"}
+
+
+def decode_deadline(image_stamp: float, now: float, start: float, deadline_s: float, margin_s: float,
+                    clock_rate: float | None) -> float | None:
+    """The ``time.perf_counter()`` reading at which decoding answers its best so far: ``margin_s`` before the frame's
+    deadline, the time left on the node's clock turned into wall time by ``clock_rate``; None (no cut) while the
+    clock's rate is unknown or it stands still."""
+    if clock_rate is None or clock_rate <= 1e-3:
+        return None
+    return start + (image_stamp + deadline_s - now) / clock_rate - margin_s

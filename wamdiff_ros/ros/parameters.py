@@ -7,11 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.decoding.unmask import SCHEDULES
+from wamdiff_ros.format import Command
 from wamdiff_ros.model_names import DEFAULT_MODEL, DTYPE_NAMES, MODEL_HELP
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,64 +46,103 @@ class Param:
         return "read-only" if self.read_only else "on restart" if self.on_restart else "live"
 
 
+_DECODE = DecodeSettings()
+
+
+def _param(default, description: str, low: float | None = None, high: float | None = None, *,
+           read_only: bool = False, on_restart: bool = False):
+    """A ``NodeConfig`` field: its default and what the ROS parameter's descriptor says of it."""
+    return field(default=default, metadata={"param": (description, low, high, read_only, on_restart)})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """The node's parameters, typed: the node reads them into one of these at start and after every accepted
+    change (``read``), so a cycle sees one consistent set. Every field is a ROS parameter (``parameters()``)."""
+
+    model: str = _param(DEFAULT_MODEL, MODEL_HELP, read_only=True)
+    device: str = _param("cpu", "torch device", read_only=True)
+    dtype: str = _param("auto", "auto (float32 on the CPU, the checkpoint's own on a GPU) | "
+        + " | ".join(DTYPE_NAMES[1:]), read_only=True)
+    mask_token_id: int = _param(-1, "the [MASK] embedding row; -1 = the checkpoint's (WAM-Diff2: 151671)", -1,
+        10_000_000, read_only=True)
+    torch_threads: int = _param(-1, "CPU threads for inference; -1 = all cores but one (left for message handling), "
+        "0 = torch's default", -1, 256, read_only=True)
+    block_size: int = _param(_DECODE.block_size, "B, at most the checkpoint's trained block size", 1, 256)
+    steps: int = _param(_DECODE.steps, "denoising steps per block, at most", 1, 256)
+    threshold: float = _param(_DECODE.threshold, "confidence threshold of the threshold schedule", 0.01, 1.0)
+    schedule: str = _param(_DECODE.schedule, " | ".join(SCHEDULES))
+    max_new_tokens: int = _param(_DECODE.max_new_tokens, "answer token budget", 80, 1024)
+    constrain: bool = _param(_DECODE.constrain, "constrain plans to the waypoint grammar")
+    attention: str = _param(_DECODE.attention, "decode attention: auto (FlashInfer where it can run, else SDPA) | "
+        "sdpa | flashinfer")
+    cuda_graph: bool = _param(_DECODE.cuda_graph, "on a GPU, the decode steps as captured CUDA Graphs")
+    strict_attention: bool = _param(_DECODE.strict_attention, "a requested attention backend that cannot run is an "
+        "error (configure fails), not a fallback to SDPA")
+    compressed: bool = _param(False, "subscribe to ~/input/image/compressed instead of ~/input/image", read_only=True)
+    image_width: int = _param(0, "resize images to this width before planning (0 = as received)", 0, 8192)
+    image_height: int = _param(0, "resize images to this height before planning (0 = as received)", 0, 8192)
+    image_reliability: str = _param("best_effort", "image QoS: best_effort (sensor data) | reliable", read_only=True)
+    image_depth: int = _param(1, "image QoS history depth", 1, 100, read_only=True)
+    model_fov_deg: float = _param(90.0, "horizontal FOV the model was trained with (a camera_info more than 5 degrees "
+        "off is warned about)", 10.0, 180.0)
+    sync_tolerance_ms: float = _param(100.0, "odometry must be this close to the image stamp, else the cycle is "
+        "skipped", 0.0, 10000.0)
+    odometry_wait_ms: float = _param(50.0, "how long a frame waits for odometry stamped at or after it", 0.0, 1000.0)
+    command_timeout_s: float = _param(10.0, "a navigation command older than this is stale", 0.0, 3600.0)
+    default_command: str = _param("", "plan with this command (follow | left | right | straight) while no fresh one "
+        "has arrived on ~/input/command; '' = skip the cycle")
+    deadline_ms: float = _param(1000.0, "a plan later than this after its image stamp is replaced by the fallback",
+        1.0, 60000.0)
+    anytime: bool = _param(True, "at deadline_ms, publish the decoder's best-so-far plan (flagged anytime) instead of "
+        "the fallback stop when it is valid")
+    anytime_margin_ms: float = _param(10.0, "decoding stops refining this long before deadline_ms (time for the "
+        "anytime plan's one fill forward and publishing)", 0.0, 10000.0)
+    detect_hz: float = _param(1.0, "detections (~/output/boxes) per second, in the time plans leave free; 0 = off",
+        0.0, 100.0)
+    describe_hz: float = _param(0.5, "scene descriptions (~/output/description) per second, in the time plans leave "
+        "free; 0 = off", 0.0, 100.0)
+    describe_questions: tuple[str, ...] = _param(DESCRIBE_QUESTIONS,
+        "the questions whose answers make up the description")
+    debug_image_hz: float = _param(2.0, "~/debug/image (the frame with waypoints, boxes and description) per second, "
+        "while someone subscribes; 0 = off", 0.0, 100.0)
+    fallback_decel: float = _param(2.0, "deceleration of the fallback stop, m/s^2", 0.5, 8.0)
+    watchdog_period_ms: float = _param(50.0, "how often the watchdog looks for frames past deadline_ms without a plan "
+        "(it publishes their fallback whatever inference is doing)", 5.0, 1000.0, on_restart=True)
+    diagnostics_period_s: float = _param(1.0, "diagnostics publishing period", 0.1, 60.0, on_restart=True)
+    blackbox_dir: str = _param("", "where fallbacks dump the last inputs as MCAP ('' = $ROS_HOME/wamdiff_blackbox, "
+        "'none' = never)", read_only=True)
+    blackbox_seconds: float = _param(10.0, "seconds of inputs a black-box file holds", 1.0, 600.0, read_only=True)
+    blackbox_max_mb: float = _param(64.0, "memory cap of the black-box buffer", 1.0, 4096.0, read_only=True)
+    blackbox_min_interval_s: float = _param(10.0, "at most one black-box file per this many seconds", 0.0, 3600.0)
+
+    @classmethod
+    def read(cls, value: Callable[[str], object]) -> NodeConfig:
+        """The config from ``value(name)`` (the node's ``get_parameter(name).value``)."""
+        values = {f.name: value(f.name) for f in fields(cls)}
+        values["describe_questions"] = tuple(values["describe_questions"])
+        return cls(**values)
+
+    def check(self) -> None:
+        """Raises ValueError on values the ranges of the descriptors cannot express."""
+        check_default_command(self.default_command)
+        if self.image_reliability not in ("best_effort", "reliable"):
+            raise ValueError(f"image_reliability {self.image_reliability!r} is not best_effort or reliable")
+
+    @property
+    def decode(self) -> dict[str, object]:
+        """The decode settings, as ``Planner.from_pretrained`` takes them."""
+        return {name: getattr(self, name) for name in DECODE_PARAMS}
+
+
+def check_default_command(value: str) -> None:
+    if value and value not in {c.value for c in Command}:
+        raise ValueError(f"default_command {value!r} is not '' or one of {', '.join(c.value for c in Command)}")
+
+
 def parameters() -> tuple[Param, ...]:
-    d = DecodeSettings()
-    return (
-        Param("model", DEFAULT_MODEL, MODEL_HELP, read_only=True),
-        Param("device", "cpu", "torch device", read_only=True),
-        Param("dtype", "auto", "auto (float32 on the CPU, the checkpoint's own on a GPU) | "
-              + " | ".join(DTYPE_NAMES[1:]), read_only=True),
-        Param("mask_token_id", -1, "the [MASK] embedding row; -1 = the checkpoint's (WAM-Diff2: 151671)", -1,
-              10_000_000, read_only=True),
-        Param("torch_threads", -1, "CPU threads for inference; -1 = all cores but one (left for message handling), "
-              "0 = torch's default", -1, 256, read_only=True),
-        Param("block_size", d.block_size, "B, at most the checkpoint's trained block size", 1, 256),
-        Param("steps", d.steps, "denoising steps per block, at most", 1, 256),
-        Param("threshold", d.threshold, "confidence threshold of the threshold schedule", 0.01, 1.0),
-        Param("schedule", d.schedule, " | ".join(SCHEDULES)),
-        Param("max_new_tokens", d.max_new_tokens, "answer token budget", 80, 1024),
-        Param("constrain", d.constrain, "constrain plans to the waypoint grammar"),
-        Param("attention", d.attention, "decode attention: auto (FlashInfer where it can run, else SDPA) | sdpa | "
-              "flashinfer"),
-        Param("cuda_graph", d.cuda_graph, "on a GPU, the decode steps as captured CUDA Graphs"),
-        Param("strict_attention", d.strict_attention, "a requested attention backend that cannot run is an error "
-              "(configure fails), not a fallback to SDPA"),
-        Param("compressed", False, "subscribe to ~/input/image/compressed instead of ~/input/image", read_only=True),
-        Param("image_width", 0, "resize images to this width before planning (0 = as received)", 0, 8192),
-        Param("image_height", 0, "resize images to this height before planning (0 = as received)", 0, 8192),
-        Param("image_reliability", "best_effort", "image QoS: best_effort (sensor data) | reliable", read_only=True),
-        Param("image_depth", 1, "image QoS history depth", 1, 100, read_only=True),
-        Param("model_fov_deg", 90.0, "horizontal FOV the model was trained with (a camera_info more than 5 degrees "
-              "off is warned about)", 10.0, 180.0),
-        Param("sync_tolerance_ms", 100.0, "odometry must be this close to the image stamp, else the cycle is skipped",
-              0.0, 10000.0),
-        Param("odometry_wait_ms", 50.0, "how long a frame waits for odometry stamped at or after it", 0.0, 1000.0),
-        Param("command_timeout_s", 10.0, "a navigation command older than this is stale", 0.0, 3600.0),
-        Param("default_command", "", "plan with this command (follow | left | right | straight) while no fresh one "
-              "has arrived on ~/input/command; '' = skip the cycle"),
-        Param("deadline_ms", 1000.0, "a plan later than this after its image stamp is replaced by the fallback",
-              1.0, 60000.0),
-        Param("anytime", True, "at deadline_ms, publish the decoder's best-so-far plan (flagged anytime) instead of "
-              "the fallback stop when it is valid"),
-        Param("anytime_margin_ms", 10.0, "decoding stops refining this long before deadline_ms (time for the anytime "
-              "plan's one fill forward and publishing)", 0.0, 10000.0),
-        Param("detect_hz", 1.0, "detections (~/output/boxes) per second, in the time plans leave free; 0 = off",
-              0.0, 100.0),
-        Param("describe_hz", 0.5, "scene descriptions (~/output/description) per second, in the time plans leave "
-              "free; 0 = off", 0.0, 100.0),
-        Param("describe_questions", DESCRIBE_QUESTIONS, "the questions whose answers make up the description"),
-        Param("debug_image_hz", 2.0, "~/debug/image (the frame with waypoints, boxes and description) per second, "
-              "while someone subscribes; 0 = off", 0.0, 100.0),
-        Param("fallback_decel", 2.0, "deceleration of the fallback stop, m/s^2", 0.5, 8.0),
-        Param("watchdog_period_ms", 50.0, "how often the watchdog looks for frames past deadline_ms without a plan "
-              "(it publishes their fallback whatever inference is doing)", 5.0, 1000.0, on_restart=True),
-        Param("diagnostics_period_s", 1.0, "diagnostics publishing period", 0.1, 60.0, on_restart=True),
-        Param("blackbox_dir", "", "where fallbacks dump the last inputs as MCAP ('' = $ROS_HOME/wamdiff_blackbox, "
-              "'none' = never)", read_only=True),
-        Param("blackbox_seconds", 10.0, "seconds of inputs a black-box file holds", 1.0, 600.0, read_only=True),
-        Param("blackbox_max_mb", 64.0, "memory cap of the black-box buffer", 1.0, 4096.0, read_only=True),
-        Param("blackbox_min_interval_s", 10.0, "at most one black-box file per this many seconds", 0.0, 3600.0),
-    )
+    """The node's parameters in declaration order, from ``NodeConfig``."""
+    return tuple(Param(f.name, f.default, *f.metadata["param"]) for f in fields(NodeConfig))
 
 
 def _yaml_value(value: bool | int | float | str | tuple[str, ...]) -> str:
