@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from wamdiff_ros.control.stop import fallback_stop, to_ego
-from wamdiff_ros.ros.cycle import Counters, InputLimits, LatencyWindow, LatestSlot, StampedHistory, check_inputs
+from wamdiff_ros.ros.cycle import InputLimits, LatestSlot, StampedHistory, check_inputs
+from wamdiff_ros.stats import Counters, LatencyWindow
 
 
 def test_latest_slot_keeps_only_the_newest():

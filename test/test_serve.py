@@ -289,7 +289,7 @@ def test_newest_plan_request_wins(server):
 
 
 def test_status_uses_the_node_counter_names(server):
-    from wamdiff_ros.ros.cycle import Counters
+    from wamdiff_ros.stats import Counters
 
     with PlannerClient(server, timeout_s=30.0) as client:
         before = client.status()["values"]

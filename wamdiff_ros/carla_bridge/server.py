@@ -11,7 +11,7 @@ The agent sends the route near the ego (``route_xy``, ego frame) with each plan 
 server plans with ``route=route_points_ahead(route_xy, (0, 0), 0)``; the Planner decides whether its model's prompt
 takes them. A route that yields no points is counted as a bad input (the plan goes ahead without them).
 
-Diagnostics (``STATUS``) use the planner node's counter names (``wamdiff_ros.ros.cycle.Counters``) with the same
+Diagnostics (``STATUS``) use the planner node's counter names (``wamdiff_ros.stats.Counters``) with the same
 meaning: ``frames`` plan requests received, ``planned``, ``dropped`` requests superseded by a newer one before the
 planner took them, ``late`` requests past their deadline (``skipped.timeout``: not planned at all), ``fallback``
 invalid plans (the follower brakes), ``bad_input`` bad frames, messages or planner inputs, ``errors`` model errors,
@@ -42,7 +42,7 @@ from wamdiff_ros.carla_bridge import messages, protocol
 from wamdiff_ros.carla_bridge.protocol import ErrorCode, Frame, MessageType
 from wamdiff_ros.control import CarlaActuator, FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
 from wamdiff_ros.errors import FieldError, InputError, RouteError, WamDiffError
-from wamdiff_ros.ros.cycle import Counters, LatencyWindow
+from wamdiff_ros.stats import Counters, LatencyWindow
 from wamdiff_ros.route_points import route_points_ahead
 from wamdiff_ros.geometry import Pose2D
 

@@ -1,13 +1,14 @@
 """The planning cycle's plain parts, free of rclpy: the latest-frame slot, the inputs a frame is paired with (the
-odometry of its own instant, the command, the route points), input checks, the decoder's deadline and latency
-statistics (the fallback stop: ``control.stop``). The node wires them to topics; tests drive them directly."""
+odometry of its own instant, the command, the route points), input checks and the decoder's deadline (counters
+and latency windows: ``wamdiff_ros.stats``; the fallback stop: ``control.stop``). The node wires them to topics;
+tests drive them directly."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
@@ -108,25 +109,6 @@ class StampedHistory(Generic[T]):
             return min(self._items, key=lambda item: abs(item[0] - stamp), default=None)
 
 
-class LatencyWindow:
-    """Rolling percentiles over the last ``size`` samples (seconds)."""
-
-    def __init__(self, size: int = 200) -> None:
-        self._samples: deque[float] = deque(maxlen=size)
-        self._lock = threading.Lock()
-
-    def add(self, seconds: float) -> None:
-        with self._lock:
-            self._samples.append(seconds)
-
-    def percentile(self, q: float) -> float:
-        with self._lock:
-            return float(np.percentile(self._samples, q)) if self._samples else float("nan")
-
-    def __len__(self) -> int:
-        return len(self._samples)
-
-
 class ClockRate:
     """How fast the node's clock runs against the wall clock (1 for the system clock; a simulator's ``/clock`` may
     run slower, faster or stand still), from (wall, clock) samples over the last ``window_s``; None until they span
@@ -151,29 +133,6 @@ class ClockRate:
                 return None
             (w0, c0), (w1, c1) = self._samples[0], self._samples[-1]
             return (c1 - c0) / (w1 - w0)
-
-
-@dataclass(slots=True)
-class Counters:
-    frames: int = 0
-    planned: int = 0
-    skipped: int = 0  # a cycle skipped because an input was missing, stale or out of sync
-    late: int = 0  # plans past the deadline
-    fallback: int = 0
-    bad_input: int = 0
-    errors: int = 0
-    resets: int = 0  # time went backwards (a looping bag, a restarted simulator)
-    blackbox_files: int = 0
-    watchdog: int = 0  # fallbacks the watchdog published: no plan by the deadline (model slow or hung)
-    discarded: int = 0  # plans that finished after the watchdog had answered their frame: not published
-    anytime: int = 0  # plans cut at the deadline whose best-so-far plan was published (flagged anytime)
-    last_error: str = ""
-    reasons: dict[str, int] = field(default_factory=dict)
-
-    def skip(self, reason: str) -> None:
-        self.skipped += 1
-        key = reason.split(":", 1)[0]
-        self.reasons[key] = self.reasons.get(key, 0) + 1
 
 
 @dataclass(frozen=True, slots=True)

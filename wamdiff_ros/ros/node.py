@@ -39,11 +39,12 @@ from wamdiff_ros.msg import DrivingCommand
 from wamdiff_ros.planner import Planner
 from wamdiff_ros.ros import conversions as conv
 from wamdiff_ros.ros.common import declare_parameters, diagnostics_msg, spin_nodes
-from wamdiff_ros.ros.cycle import Counters, CycleInputs, Frame
+from wamdiff_ros.ros.cycle import CycleInputs, Frame
 from wamdiff_ros.ros.outputs import NodeOutputs
 from wamdiff_ros.ros.parameters import DECODE_PARAMS, NodeConfig, check_default_command, parameters
 from wamdiff_ros.ros.side_tasks import SideOutputs, SideTasks
 from wamdiff_ros.ros.worker import Worker
+from wamdiff_ros.stats import Counters
 
 NODE_NAME = "wamdiff_planner"
 DEFAULT_ODOM_FRAME = "odom"  # for odometry that names no frame

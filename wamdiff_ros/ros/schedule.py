@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wamdiff_ros.ros.cycle import LatencyWindow
+from wamdiff_ros.stats import LatencyWindow
 
 PLAN, DETECT, DESCRIBE, ANSWER = "plan", "detect", "describe", "answer"
 SIDE_TASKS = (ANSWER, DETECT, DESCRIBE)

@@ -17,9 +17,9 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.control.stop import fallback_stop
 from wamdiff_ros.planner import EgoState, Plan, PlanStats
 from wamdiff_ros.ros import conversions as conv
-from wamdiff_ros.ros.cycle import (ClockRate, DeadlineWatch, Frame, InputLimits, LatencyWindow, LatestSlot,
-                                   decode_deadline)
+from wamdiff_ros.ros.cycle import ClockRate, DeadlineWatch, Frame, InputLimits, LatestSlot, decode_deadline
 from wamdiff_ros.ros.schedule import PLAN
+from wamdiff_ros.stats import LatencyWindow
 
 
 class Worker:
