@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from wamdiff_ros.errors import CheckpointError
-from wamdiff_ros.model import (
-    META_FILE, DecodeMeta, ensure_mask_token, load, load_checkpoint, save_checkpoint, tiny_random,
-)
+from wamdiff_ros.model import META_FILE, DecodeMeta, ensure_mask_token, load, load_checkpoint, tiny_random
 from wamdiff_ros.planner import EgoState, Planner
+from wamdiff_training.checkpoint import save_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,13 @@ import pytest
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import CheckpointError, InputError, RouteError
-from wamdiff_ros.model import META_FILE, DecodeMeta, load_checkpoint, save_checkpoint, tiny_random
+from wamdiff_ros.model import META_FILE, DecodeMeta, load_checkpoint, tiny_random
 from wamdiff_ros.planner import EgoState, Plan, Planner
 from wamdiff_ros.world.closed_loop import LoopConfig, ModelPlanner, Observation, PlanResult, run_episode
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
 from wamdiff_ros.world.scenarios import load_scenarios
 from wamdiff_ros.world.sim import World
+from wamdiff_training.checkpoint import save_checkpoint
 from wamdiff_training.world.dataset import main
 from wamdiff_training.world.demonstrations import NoiseConfig, RolloutConfig, rollout
 from wamdiff_training.world.recoveries import displace_ego

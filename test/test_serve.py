@@ -502,8 +502,9 @@ def test_real_planners_route_points_end_to_end(stub_server, monkeypatch, tmp_pat
     line, a tiny checkpoint with ``route_points: true`` in its wamdiff.json carries it."""
     from wamdiff_ros import format as fmt
     from wamdiff_ros.decoding.settings import DecodeSettings
-    from wamdiff_ros.model import DecodeMeta, load, save_checkpoint, tiny_random
+    from wamdiff_ros.model import DecodeMeta, load, tiny_random
     from wamdiff_ros.planner import Planner
+    from wamdiff_training.checkpoint import save_checkpoint
 
     plain = Planner(tiny_random(seed=3, meta=DecodeMeta(trained_block_size=8, route_points=False), hidden=64,
                                 layers=2), DecodeSettings(block_size=8, steps=4, schedule="static"))

@@ -20,9 +20,10 @@ except ImportError:  # not installed: use the checkout's training/ folder
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 from wamdiff_ros import format as fmt
-from wamdiff_ros.model import DecodeMeta, save_checkpoint, tiny_random
+from wamdiff_ros.model import DecodeMeta, tiny_random
 from wamdiff_ros.planner import EgoState
 from wamdiff_training import evaluation
+from wamdiff_training.checkpoint import save_checkpoint
 from wamdiff_training.cli import main as train_main
 from wamdiff_training.data import Record
 from wamdiff_training.detection import detection_metrics

@@ -16,9 +16,10 @@ except ImportError:  # not installed: use the checkout's training/ folder
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 from wamdiff_ros import model_names
-from wamdiff_ros.model import DecodeMeta, save_checkpoint, tiny_random
+from wamdiff_ros.model import DecodeMeta, tiny_random
 from wamdiff_ros.planner import EgoState, Planner
 from wamdiff_training import export
+from wamdiff_training.checkpoint import save_checkpoint
 from wamdiff_training.cli import main as train_main
 
 

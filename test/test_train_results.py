@@ -23,9 +23,10 @@ except ImportError:  # not installed: use the checkout's training/ folder
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.settings import DecodeSettings
-from wamdiff_ros.model import DecodeMeta, save_checkpoint, tiny_random
+from wamdiff_ros.model import DecodeMeta, tiny_random
 from wamdiff_ros.world.summary import paired_difference_ci
 from wamdiff_training import evaluate_runs, render, results, runs
+from wamdiff_training.checkpoint import save_checkpoint
 from wamdiff_training.cli import main as train_main
 from wamdiff_training.metrics_log import MetricsLog
 from wamdiff_training.world.dataset import main as export

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -340,17 +340,6 @@ def _bundle(model, tokenizer, image_processor, meta: DecodeMeta, mask_id: int, s
     if eos is None or eos == tokenizer.unk_token_id:
         raise CheckpointError(f"{source}: the tokenizer has no {fmt.CHAT_END} token")
     return ModelBundle(model, tokenizer, image_processor, meta, mask_id, eos, source)
-
-
-def save_checkpoint(bundle: ModelBundle, path: str | Path) -> Path:
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
-    bundle.model.save_pretrained(str(folder), safe_serialization=True)
-    bundle.tokenizer.save_pretrained(str(folder))
-    bundle.image_processor.save_pretrained(str(folder))
-    meta = {k: v for k, v in asdict(bundle.meta).items() if v is not None}  # unset optional keys stay out
-    (folder / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    return folder
 
 
 def tiny_random(

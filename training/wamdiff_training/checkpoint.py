@@ -29,9 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from wamdiff_ros.errors import CheckpointError
-from wamdiff_ros.model import (
-    LATEST_POINTER, DecodeMeta, ModelBundle, latest_checkpoint, load_checkpoint, save_checkpoint,
-)
+from wamdiff_ros.model import LATEST_POINTER, META_FILE, DecodeMeta, ModelBundle, latest_checkpoint, load_checkpoint
 
 STATE_FILE = "train_state.pt"
 MANIFEST = "manifest.json"
@@ -136,6 +134,19 @@ def save(
                     shutil.rmtree(old, ignore_errors=True)
     if dist.is_initialized():
         dist.barrier()
+    return folder
+
+
+def save_checkpoint(bundle: ModelBundle, path: str | Path) -> Path:
+    """``bundle`` as a checkpoint folder that ``wamdiff_ros.model.load_checkpoint`` reads: config.json +
+    safetensors, the tokenizer, the image processor and ``wamdiff.json`` (the decode metadata)."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    bundle.model.save_pretrained(str(folder), safe_serialization=True)
+    bundle.tokenizer.save_pretrained(str(folder))
+    bundle.image_processor.save_pretrained(str(folder))
+    meta = {k: v for k, v in dataclasses.asdict(bundle.meta).items() if v is not None}  # unset optional keys stay out
+    (folder / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return folder
 
 
