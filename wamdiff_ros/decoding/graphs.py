@@ -30,7 +30,7 @@ import torch
 
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
-from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step, unmask_top_k
+from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step, unmask_confident, unmask_top_k
 
 WARMUP_RUNS = 2  # eager runs on a side stream before capture: lazy initialisation stays out of the graph
 
@@ -158,11 +158,10 @@ class GraphRunner:
         tokens = torch.cat([self._clean[:n_clean], block]) if n_clean else block
         logits = self.engine.run_planned(tokens, n_clean)
         p, pred = self._predict(logits, self._blocked[:n] if self.constrained else None)
-        conf = p.masked_fill(~masked, -1.0)
         if schedule == "static":
             select = unmask_top_k(p, masked, self._k.index_select(0, self._step_index))
         else:
-            select = masked & (conf >= torch.minimum(conf.max(), self._threshold))
+            select = unmask_confident(p, masked, self._threshold)
         block.copy_(torch.where(select, pred, block))
         self._conf[:n].copy_(torch.where(select, p, self._conf[:n]))
         self._pred[:n].copy_(pred)

@@ -7,14 +7,16 @@ import torch
 SCHEDULES = ("threshold", "static")
 
 
-def unmask_confident(confidence: torch.Tensor, masked: torch.Tensor, threshold: float) -> torch.Tensor:
+def unmask_confident(confidence: torch.Tensor, masked: torch.Tensor, threshold: float | torch.Tensor) -> torch.Tensor:
     """Fix every masked position with confidence >= threshold; if none passes, the most confident one.
 
-    Vectorised as an effective threshold min(threshold, best masked confidence): no host sync, no loop.
+    Vectorised as an effective threshold min(threshold, best masked confidence): no host sync, no loop. Inside a
+    CUDA Graph ``threshold`` is a 0-d device tensor of the confidence's dtype (no tensor is made on the host).
     """
     conf = confidence.masked_fill(~masked, -1.0)
-    effective = torch.minimum(conf.max(), torch.tensor(threshold, dtype=conf.dtype, device=conf.device))
-    return masked & (conf >= effective)
+    if not isinstance(threshold, torch.Tensor):
+        threshold = torch.tensor(threshold, dtype=conf.dtype, device=conf.device)
+    return masked & (conf >= torch.minimum(conf.max(), threshold))
 
 
 def tokens_per_step(block_len: int, steps: int) -> list[int]:
