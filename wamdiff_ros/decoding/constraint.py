@@ -41,20 +41,6 @@ def _compile(groups: Groups, inverse: bool = False):
     return eval(f"lambda x: {terms}")  # noqa: S307 - built from integers computed above
 
 
-def _image(states: int, groups: Groups) -> int:
-    out = 0
-    for shift, mask in groups:
-        out |= (states & mask) << shift
-    return out
-
-
-def _preimage(states: int, groups: Groups) -> int:
-    out = 0
-    for shift, mask in groups:
-        out |= (states >> shift) & mask
-    return out
-
-
 class WaypointConstraint:
     def __init__(self, tokenizer, eos_id: int, max_new_tokens: int, vocab_size: int | None = None,
                  format_version: int = fmt.FORMAT_VERSION) -> None:
@@ -93,22 +79,23 @@ class WaypointConstraint:
         self.token_sig = token_sig
         self.vocab = vocab_size
         self.max_new_tokens = max_new_tokens
-        coreach = [1 << self.end_state]  # coreach[r]: states that can end within r more tokens
-        for _ in range(max_new_tokens):
-            coreach.append(_preimage(coreach[-1], self.any_groups) | coreach[-1])
-        self.coreach = coreach
-        if not coreach[max_new_tokens] & self.start_state:
-            reach, shortest = coreach[-1], max_new_tokens
-            while not reach & self.start_state and shortest < 10 * fmt.WAYPOINT_GRAMMAR_STATES:
-                reach, shortest = _preimage(reach, self.any_groups) | reach, shortest + 1
-            need = f" (it needs at least {shortest})" if reach & self.start_state else ""
-            raise DecodeSettingsError(
-                f"max_new_tokens {max_new_tokens} cannot hold a waypoint answer with this tokenizer{need}"
-            )
         # transition functions indexed by code + 2 (code: _FORBIDDEN, _MASKED, then signature ids)
         all_groups = [(), self.any_groups] + self.signatures
         self.image_fns = [_compile(g) for g in all_groups]
         self.preimage_fns = [_compile(g, inverse=True) for g in all_groups]
+        any_preimage = self.preimage_fns[_MASKED + 2]
+        coreach = [1 << self.end_state]  # coreach[r]: states that can end within r more tokens
+        for _ in range(max_new_tokens):
+            coreach.append(any_preimage(coreach[-1]) | coreach[-1])
+        self.coreach = coreach
+        if not coreach[max_new_tokens] & self.start_state:
+            reach, shortest = coreach[-1], max_new_tokens
+            while not reach & self.start_state and shortest < 10 * fmt.WAYPOINT_GRAMMAR_STATES:
+                reach, shortest = any_preimage(reach) | reach, shortest + 1
+            need = f" (it needs at least {shortest})" if reach & self.start_state else ""
+            raise DecodeSettingsError(
+                f"max_new_tokens {max_new_tokens} cannot hold a waypoint answer with this tokenizer{need}"
+            )
         # Under the constraint a masked position's distribution lives on the grammar tokens only, so the decoder
         # works on their K logits instead of the vocabulary; additive rows (0 allowed, -inf not) per allowed set.
         self.grammar_ids = np.flatnonzero(token_sig >= 0)
@@ -142,7 +129,7 @@ class WaypointConstraint:
         key = (here, there)
         row = self._sig_memo.get(key)
         if row is None:
-            sigs = [g for g, groups in enumerate(self.signatures) if _image(here, groups) & there]
+            sigs = [g for g in range(len(self.signatures)) if self.step_states(here, g) & there]
             row = self._row_for(frozenset(sigs))
             if len(self._sig_memo) > 65536:
                 self._sig_memo.clear()
