@@ -1,5 +1,5 @@
 """One decode entry point: the graph path's code (``GraphRunner``, the plan grammar as a per-position mask inside
-the step) run eagerly on the CPU gives exactly the tokens of the host loop (``decode_blocks`` with the host
+the step) run eagerly on the CPU gives exactly the tokens of the host loop (``decode_blocks_host`` with the host
 constraint), and the mask is the host constraint's allowed sets, position by position, token by token."""
 
 import numpy as np

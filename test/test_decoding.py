@@ -8,8 +8,8 @@ import torch
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding import masks
-from wamdiff_ros.decoding.block import CachedBackend, decode_blocks
 from wamdiff_ros.decoding.engine import DecoderEngine, fused_layers
+from wamdiff_ros.decoding.host import CachedBackend, decode_blocks_host
 from wamdiff_ros.decoding.reference import FullSequenceBackend, module_layers, modules_in_engine, unstacked_engines
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_step, unmask_top_k
@@ -27,13 +27,13 @@ def _prompt(bundle, image):
 def _cached(bundle, prompt, settings, trace=None, constraint=None):
     engine = DecoderEngine(bundle.model, prompt.length + settings.max_new_tokens + settings.block_size)
     engine.prefill(prompt, bundle.meta.prompt_block_size)
-    return decode_blocks(CachedBackend(engine), settings, bundle.mask_token_id, bundle.eos_token_id, constraint,
+    return decode_blocks_host(CachedBackend(engine), settings, bundle.mask_token_id, bundle.eos_token_id, constraint,
                          ignore_eos=True, on_step=None if trace is None else trace.append)
 
 
 def _reference(bundle, prompt, settings, trace=None):
     backend = FullSequenceBackend(bundle.model, prompt, settings.block_size, bundle.meta.prompt_block_size)
-    return decode_blocks(backend, settings, bundle.mask_token_id, bundle.eos_token_id, None, ignore_eos=True,
+    return decode_blocks_host(backend, settings, bundle.mask_token_id, bundle.eos_token_id, None, ignore_eos=True,
                          on_step=None if trace is None else trace.append)
 
 
@@ -202,7 +202,7 @@ def test_eos_stops_after_its_block(scaled_bundle, road_image):
     eos = full.tokens[5]  # pretend the sixth token is EOS: decoding must stop after the second block
     engine = DecoderEngine(scaled_bundle.model, prompt.length + 64)
     engine.prefill(prompt, scaled_bundle.meta.prompt_block_size)
-    result = decode_blocks(CachedBackend(engine), settings, scaled_bundle.mask_token_id, eos)
+    result = decode_blocks_host(CachedBackend(engine), settings, scaled_bundle.mask_token_id, eos)
     assert result.tokens[-1] == eos and len(result.tokens) <= 8
     assert result.forward_calls == sum(result.steps_per_block)
 

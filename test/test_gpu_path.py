@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding import attention as attn
 from wamdiff_ros.decoding.ar import decode_ar
-from wamdiff_ros.decoding.block import CachedBackend, decode_blocks
 from wamdiff_ros.decoding.constraint import WaypointConstraint
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.generate import generate
 from wamdiff_ros.decoding.graphs import GraphRunner, decode_ar_graphed, decode_blocks_graphed
+from wamdiff_ros.decoding.host import CachedBackend, decode_blocks_host
 from wamdiff_ros.decoding.reference import FullSequenceBackend
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import encode_prompt
@@ -165,10 +165,10 @@ def test_sdpa_engine_through_the_interface_matches_the_full_sequence_reference(b
     engine = DecoderEngine(scaled_bundle.model, _capacity(prompt, settings), attention="sdpa")
     assert isinstance(engine.attention, attn.SdpaAttention)
     engine.prefill(prompt, scaled_bundle.meta.prompt_block_size)
-    fast = decode_blocks(CachedBackend(engine), settings, scaled_bundle.mask_token_id, scaled_bundle.eos_token_id,
+    fast = decode_blocks_host(CachedBackend(engine), settings, scaled_bundle.mask_token_id, scaled_bundle.eos_token_id,
                          ignore_eos=True)
     reference = FullSequenceBackend(scaled_bundle.model, prompt, block_size, scaled_bundle.meta.prompt_block_size)
-    slow = decode_blocks(reference, settings, scaled_bundle.mask_token_id, scaled_bundle.eos_token_id,
+    slow = decode_blocks_host(reference, settings, scaled_bundle.mask_token_id, scaled_bundle.eos_token_id,
                          ignore_eos=True)
     assert fast.tokens == slow.tokens and len(fast.tokens) == 40
     assert max(abs(a - b) for a, b in zip(fast.confidence, slow.confidence)) < 1e-4
@@ -204,7 +204,7 @@ def test_graph_runner_falls_back_to_eager_on_cpu_with_the_same_tokens(block_size
 
     def both(eos, ignore_eos):
         reference.prefill(prompt, b.meta.prompt_block_size)
-        want = decode_blocks(CachedBackend(reference), settings, b.mask_token_id, eos, ignore_eos=ignore_eos)
+        want = decode_blocks_host(CachedBackend(reference), settings, b.mask_token_id, eos, ignore_eos=ignore_eos)
         runner.engine.prefill(prompt, b.meta.prompt_block_size)
         return want, decode_blocks_graphed(runner, settings, eos, ignore_eos=ignore_eos)
 
@@ -237,9 +237,9 @@ def test_flashinfer_layout_decodes_the_same_tokens_in_the_engine(scaled_bundle, 
         capacity, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
     reference = DecoderEngine(b.model, capacity)
     reference.prefill(prompt, b.meta.prompt_block_size)
-    want = decode_blocks(CachedBackend(reference), settings, b.mask_token_id, b.eos_token_id, ignore_eos=True)
+    want = decode_blocks_host(CachedBackend(reference), settings, b.mask_token_id, b.eos_token_id, ignore_eos=True)
     engine.prefill(prompt, b.meta.prompt_block_size)
-    eager = decode_blocks(CachedBackend(engine), settings, b.mask_token_id, b.eos_token_id, ignore_eos=True)
+    eager = decode_blocks_host(CachedBackend(engine), settings, b.mask_token_id, b.eos_token_id, ignore_eos=True)
     engine.prefill(prompt, b.meta.prompt_block_size)
     graphed = decode_blocks_graphed(GraphRunner(engine, b.mask_token_id), settings, b.eos_token_id, ignore_eos=True)
     assert eager.tokens == graphed.tokens == want.tokens
@@ -365,7 +365,7 @@ def test_graphed_decode_matches_eager_tokens_on_gpu(road_image):
     runner.capture((8,), ("static",), ar=True)
     reference = DecoderEngine(b.model, capacity)
     reference.prefill(prompt, b.meta.prompt_block_size)
-    want = decode_blocks(CachedBackend(reference), settings, b.mask_token_id, b.eos_token_id, ignore_eos=True)
+    want = decode_blocks_host(CachedBackend(reference), settings, b.mask_token_id, b.eos_token_id, ignore_eos=True)
     runner.engine.prefill(prompt, b.meta.prompt_block_size)
     got = decode_blocks_graphed(runner, settings, b.eos_token_id, ignore_eos=True)
     assert got.tokens == want.tokens and got.forward_calls == want.forward_calls

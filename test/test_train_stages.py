@@ -19,7 +19,7 @@ except ImportError:  # not installed: use the checkout's training/ folder
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 from wamdiff_ros import format as fmt
-from wamdiff_ros.decoding.block import decode_blocks
+from wamdiff_ros.decoding.host import decode_blocks_host
 from wamdiff_ros.decoding.reference import FullSequenceBackend
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import encode_prompt
@@ -252,7 +252,7 @@ def test_on_policy_state_is_the_decoders_own_partially_denoised_block(scaled_bun
         backend = FullSequenceBackend(bundle.model, prompt, block, block)
         backend.committed = answer[:start].tolist()
         traces = []
-        decode_blocks(backend, settings, bundle.mask_token_id, bundle.eos_token_id, ignore_eos=True,
+        decode_blocks_host(backend, settings, bundle.mask_token_id, bundle.eos_token_id, ignore_eos=True,
                       on_step=traces.append)
         ran = int(state.steps[b])
         got = state.noisy[start:start + block]

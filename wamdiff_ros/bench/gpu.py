@@ -45,9 +45,9 @@ import torch
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.bench.gpu_check import CRITERION, check, probe_flashinfer
-from wamdiff_ros.decoding.block import CachedBackend, decode_blocks
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.graphs import GraphRunner, decode_ar_graphed, decode_blocks_graphed
+from wamdiff_ros.decoding.host import CachedBackend, decode_blocks_host
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import PromptInputs, encode_prompt
 from wamdiff_ros.model import DecodeMeta, ModelBundle, ensure_mask_token, tiny_random
@@ -197,8 +197,8 @@ def make_contenders(bundle: ModelBundle, prompt: PromptInputs, args, sdpa: Decod
         return engine_plan(r.engine, prompt, 1, lambda first: decode_ar_graphed(r, first, n, eos, True), ar=True)
 
     def blocks_eager(s: DecodeSettings) -> PlanTime:
-        decode = CachedBackend(sdpa)
-        return engine_plan(sdpa, prompt, pbs, lambda _: decode_blocks(decode, s, mask_id, eos, ignore_eos=True), False)
+        backend = CachedBackend(sdpa)
+        return engine_plan(sdpa, prompt, pbs, lambda _: decode_blocks_host(backend, s, mask_id, eos, None, True), False)
 
     def blocks_graphed(r: GraphRunner, s: DecodeSettings) -> PlanTime:
         return engine_plan(r.engine, prompt, pbs, lambda _: decode_blocks_graphed(r, s, eos, True), ar=False)

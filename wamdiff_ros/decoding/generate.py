@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from wamdiff_ros.decoding.ar import decode_ar
-from wamdiff_ros.decoding.block import CachedBackend, StepTrace, decode_blocks
 from wamdiff_ros.decoding.constraint import WaypointConstraint
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.graphs import GraphRunner, decode_ar_graphed, decode_blocks_graphed
+from wamdiff_ros.decoding.host import CachedBackend, StepTrace, decode_blocks_host
 from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
 from wamdiff_ros.inputs import PromptInputs
 from wamdiff_ros.model import ModelBundle
@@ -95,7 +95,7 @@ def generate(
     elif on_runner:
         result = decode_blocks_graphed(runner, settings, bundle.eos_token_id, ignore_eos, deadline)
     else:
-        result = decode_blocks(
+        result = decode_blocks_host(
             CachedBackend(engine), settings, bundle.mask_token_id, bundle.eos_token_id, constraint, ignore_eos, on_step
         )
     _sync(device)

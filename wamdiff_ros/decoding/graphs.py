@@ -8,7 +8,7 @@ host asks "any mask left?" only every ``check_every`` steps (a step with nothing
 only costs its forward, which is counted). The AR graph feeds its own greedy token back and advances the positions
 in place, so a whole answer is N replays with no host work in between.
 
-Same decisions as ``block.decode_blocks`` / ``ar.decode_ar``: the unmask rules are ``unmask.py``'s, and the plan
+Same decisions as ``host.decode_blocks_host`` / ``ar.decode_ar``: the unmask rules are ``unmask.py``'s, and the plan
 grammar, where it is a product of per-position sets (``grammar_mask.py``), is an allowed-token mask applied to the
 logits inside the step (``set_grammar``; the block's rows are copied into a static buffer once per block). Shapes that
 were not captured (a short last block), and everything on a machine without CUDA, run the very same step functions
@@ -288,7 +288,7 @@ class GraphRunner:
 @torch.inference_mode()
 def decode_blocks_graphed(runner: GraphRunner, settings: DecodeSettings, eos_id: int,
                           ignore_eos: bool = False, deadline: float | None = None) -> DecodeResult:
-    """``block.decode_blocks`` on the runner's graphs, constrained by the runner's grammar mask if it has one
+    """``host.decode_blocks_host`` on the runner's graphs, constrained by the runner's grammar mask if it has one
     (``set_grammar``): one host sync per block (the EOS check; none with ``ignore_eos``), one every ``check_every``
     steps under the threshold rule, and one at the end. ``deadline`` (``time.perf_counter()``): past it the answer
     is the best so far (the module's "Anytime"), flagged ``anytime``."""

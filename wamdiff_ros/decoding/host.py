@@ -1,4 +1,6 @@
-"""Block-diffusion decoding with in-place prediction over a cached prefix.
+"""Block-diffusion decoding on the host: the fallback for step traces (``on_step``) and for a grammar that is not a
+per-position mask (WAM-Diff2's free width, ``constraint.py``), and the loop a reference backend runs
+(``reference.py``). The product decodes on a ``GraphRunner`` (``graphs.py``), to the same tokens.
 
 Per block: B [MASK] tokens; each step forwards the block against the prefix (bidirectional inside the block)
 without committing it, predicts every position in place and fixes some masked positions (threshold or static
@@ -59,7 +61,7 @@ class CachedBackend:
 
 
 @torch.inference_mode()
-def decode_blocks(
+def decode_blocks_host(
     backend: BlockBackend,
     settings: DecodeSettings,
     mask_id: int,
