@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from wamdiff_ros import format as fmt
-from wamdiff_ros.decoding import graphs
+from wamdiff_ros.decoding import block
 from wamdiff_ros.planner import ANYTIME_MAX_SPEED, EgoState, Planner, _plausible
 
 EGO = EgoState((8.0, 0.0), (0.2, 0.0))
@@ -52,16 +52,16 @@ def test_a_cut_keeps_the_tokens_fixed_so_far(planner, road_image, full, monkeypa
     decode's, the answer is grammatical, and it took one forward more than the steps run (the fill), unless the cut
     block held the end of the answer."""
     counter = itertools.count()
-    monkeypatch.setattr(graphs.time, "perf_counter", lambda: float(next(counter)))
+    monkeypatch.setattr(block.time, "perf_counter", lambda: float(next(counter)))
     tokens = []
-    real = graphs.decode_blocks_graphed
+    real = block.decode_blocks
 
     def spy(*args, **kwargs):
         result = real(*args, **kwargs)
         tokens.append(result)
         return result
 
-    monkeypatch.setattr("wamdiff_ros.decoding.generate.decode_blocks_graphed", spy)
+    monkeypatch.setattr("wamdiff_ros.decoding.generate.decode_blocks", spy)
     planner.plan(road_image, EGO, "follow", route=ROUTE)
     cut = planner.plan(road_image, EGO, "follow", route=ROUTE, deadline=float(checks))
     full_tokens, result = tokens[0].tokens, tokens[1]
@@ -94,7 +94,7 @@ class CutAfter:
 
     def plan(self, *args, deadline=None, **kwargs):
         counter = itertools.count()
-        self.monkeypatch.setattr(graphs.time, "perf_counter", lambda: float(next(counter)))
+        self.monkeypatch.setattr(block.time, "perf_counter", lambda: float(next(counter)))
         try:
             return self.planner.plan(*args, deadline=None if deadline is None else float(self.checks), **kwargs)
         finally:

@@ -16,11 +16,12 @@ import torch.nn.functional as F
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding import attention as attn
-from wamdiff_ros.decoding.ar import decode_ar
+from wamdiff_ros.decoding.ar import decode_ar, decode_ar_host
+from wamdiff_ros.decoding.block import decode_blocks
 from wamdiff_ros.decoding.constraint import WaypointConstraint
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.generate import generate
-from wamdiff_ros.decoding.graphs import GraphRunner, decode_ar_graphed, decode_blocks_graphed
+from wamdiff_ros.decoding.graphs import GraphRunner
 from wamdiff_ros.decoding.host import CachedBackend, decode_blocks_host
 from wamdiff_ros.decoding.reference import FullSequenceBackend
 from wamdiff_ros.decoding.settings import DecodeSettings
@@ -178,7 +179,7 @@ def test_ar_engine_matches_transformers_generate(tiny_bundle, road_image):
     prompt = _prompt(tiny_bundle, road_image)
     engine = DecoderEngine(tiny_bundle.model, prompt.length + 24, attention="sdpa")
     first = engine.prefill(prompt, 1)
-    ours = decode_ar(engine, first, 20, tiny_bundle.eos_token_id, ignore_eos=True)
+    ours = decode_ar_host(engine, first, 20, tiny_bundle.eos_token_id, ignore_eos=True)
     eos = tiny_bundle.eos_token_id
     with torch.inference_mode():
         out = tiny_bundle.model.generate(
@@ -206,7 +207,7 @@ def test_graph_runner_falls_back_to_eager_on_cpu_with_the_same_tokens(block_size
         reference.prefill(prompt, b.meta.prompt_block_size)
         want = decode_blocks_host(CachedBackend(reference), settings, b.mask_token_id, eos, ignore_eos=ignore_eos)
         runner.engine.prefill(prompt, b.meta.prompt_block_size)
-        return want, decode_blocks_graphed(runner, settings, eos, ignore_eos=ignore_eos)
+        return want, decode_blocks(runner, settings, eos, ignore_eos=ignore_eos)
 
     want, got = both(b.eos_token_id, True)
     assert got.tokens == want.tokens and len(got.tokens) == 40
@@ -218,9 +219,9 @@ def test_graph_runner_falls_back_to_eager_on_cpu_with_the_same_tokens(block_size
     want_eos, got_eos = both(want.tokens[5], False)  # pretend the sixth token is EOS
     assert got_eos.tokens == want_eos.tokens and want_eos.tokens[-1] == want.tokens[5]
     first = reference.prefill(prompt, 1)
-    want = decode_ar(reference, first, 30, b.eos_token_id, ignore_eos=True)
+    want = decode_ar_host(reference, first, 30, b.eos_token_id, ignore_eos=True)
     first = runner.engine.prefill(prompt, 1)
-    got = decode_ar_graphed(runner, first, 30, b.eos_token_id, ignore_eos=True)
+    got = decode_ar(runner, first, 30, b.eos_token_id, ignore_eos=True)
     assert got.tokens == want.tokens and got.forward_calls == want.forward_calls == 29
 
 
@@ -241,7 +242,7 @@ def test_flashinfer_layout_decodes_the_same_tokens_in_the_engine(scaled_bundle, 
     engine.prefill(prompt, b.meta.prompt_block_size)
     eager = decode_blocks_host(CachedBackend(engine), settings, b.mask_token_id, b.eos_token_id, ignore_eos=True)
     engine.prefill(prompt, b.meta.prompt_block_size)
-    graphed = decode_blocks_graphed(GraphRunner(engine, b.mask_token_id), settings, b.eos_token_id, ignore_eos=True)
+    graphed = decode_blocks(GraphRunner(engine, b.mask_token_id), settings, b.eos_token_id, ignore_eos=True)
     assert eager.tokens == graphed.tokens == want.tokens
 
 
@@ -367,7 +368,7 @@ def test_graphed_decode_matches_eager_tokens_on_gpu(road_image):
     reference.prefill(prompt, b.meta.prompt_block_size)
     want = decode_blocks_host(CachedBackend(reference), settings, b.mask_token_id, b.eos_token_id, ignore_eos=True)
     runner.engine.prefill(prompt, b.meta.prompt_block_size)
-    got = decode_blocks_graphed(runner, settings, b.eos_token_id, ignore_eos=True)
+    got = decode_blocks(runner, settings, b.eos_token_id, ignore_eos=True)
     assert got.tokens == want.tokens and got.forward_calls == want.forward_calls
     with pytest.raises(RuntimeError, match="before the prefill"):
         runner.capture((4,))

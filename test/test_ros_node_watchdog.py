@@ -136,14 +136,14 @@ def test_a_plan_cut_at_its_deadline_is_published_as_anytime(monkeypatch):
     that plan is not valid, the fallback stop saying so."""
     import itertools
 
-    from wamdiff_ros.decoding import graphs
+    from wamdiff_ros.decoding import block
 
     def cut(real):
         def plan(*args, deadline=None, **kwargs):
             assert deadline is not None  # the node gives every plan its deadline (anytime: true)
             counter = itertools.count()
             with monkeypatch.context() as m:
-                m.setattr(graphs.time, "perf_counter", lambda: float(next(counter)))
+                m.setattr(block.time, "perf_counter", lambda: float(next(counter)))
                 return real(*args, deadline=20.0, **kwargs)
         return plan
 

@@ -45,8 +45,10 @@ import torch
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.bench.gpu_check import CRITERION, check, probe_flashinfer
+from wamdiff_ros.decoding.ar import decode_ar
+from wamdiff_ros.decoding.block import decode_blocks
 from wamdiff_ros.decoding.engine import DecoderEngine
-from wamdiff_ros.decoding.graphs import GraphRunner, decode_ar_graphed, decode_blocks_graphed
+from wamdiff_ros.decoding.graphs import GraphRunner
 from wamdiff_ros.decoding.host import CachedBackend, decode_blocks_host
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import PromptInputs, encode_prompt
@@ -194,14 +196,14 @@ def make_contenders(bundle: ModelBundle, prompt: PromptInputs, args, sdpa: Decod
     n, eos, mask_id, pbs = args.new_tokens, bundle.eos_token_id, bundle.mask_token_id, bundle.meta.prompt_block_size
 
     def ar_graphed(r: GraphRunner) -> PlanTime:
-        return engine_plan(r.engine, prompt, 1, lambda first: decode_ar_graphed(r, first, n, eos, True), ar=True)
+        return engine_plan(r.engine, prompt, 1, lambda first: decode_ar(r, first, n, eos, True), ar=True)
 
     def blocks_eager(s: DecodeSettings) -> PlanTime:
         backend = CachedBackend(sdpa)
         return engine_plan(sdpa, prompt, pbs, lambda _: decode_blocks_host(backend, s, mask_id, eos, None, True), False)
 
     def blocks_graphed(r: GraphRunner, s: DecodeSettings) -> PlanTime:
-        return engine_plan(r.engine, prompt, pbs, lambda _: decode_blocks_graphed(r, s, eos, True), ar=False)
+        return engine_plan(r.engine, prompt, pbs, lambda _: decode_blocks(r, s, eos, True), ar=False)
 
     out = [Contender("ar-eager", "ar-eager", 1, "sdpa", partial(hf_plan, bundle, prompt, n))]
     if "ar-graph" in runners:

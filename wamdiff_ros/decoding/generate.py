@@ -1,9 +1,9 @@
 """One entry point: prompt tensors + settings -> answer tokens, with per-stage timings.
 
 ``attention`` names the engine's attention backend (``attention.py``); a ``GraphRunner`` (``graphs.py``) brings its
-own engine and captured graphs, reused across calls. Block decoding runs on the runner (the graph path; eagerly on
-the CPU) unless a step trace is asked for, or a constraint comes without its per-position ``grammar`` mask
-(WAM-Diff2's free width): then the host loop. Constrained AR decoding is the host loop too.
+own engine and captured graphs, reused across calls. Block decoding runs on the runner (``block.py``: the graph path;
+eagerly on the CPU) unless a step trace is asked for, or a constraint comes without its per-position ``grammar`` mask
+(WAM-Diff2's free width): then the host loop (``host.py``). Constrained AR decoding is the host loop too (``ar.py``).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from wamdiff_ros.decoding.ar import decode_ar
+from wamdiff_ros.decoding.ar import decode_ar, decode_ar_host
+from wamdiff_ros.decoding.block import decode_blocks
 from wamdiff_ros.decoding.constraint import WaypointConstraint
 from wamdiff_ros.decoding.engine import DecoderEngine
-from wamdiff_ros.decoding.graphs import GraphRunner, decode_ar_graphed, decode_blocks_graphed
+from wamdiff_ros.decoding.graphs import GraphRunner
 from wamdiff_ros.decoding.host import CachedBackend, StepTrace, decode_blocks_host
 from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
 from wamdiff_ros.inputs import PromptInputs
@@ -66,7 +67,7 @@ def generate(
 ) -> Generation:
     """``grammar``: ``constraint`` as a per-position allowed-token mask (``grammar_mask.grammar_mask``), which lets
     a constrained plan decode on the runner. ``deadline`` (``time.perf_counter()``): block decoding on the runner
-    answers its best so far once it passes (``graphs``' "Anytime"); the other paths run to the end."""
+    answers its best so far once it passes (``block``'s "Anytime"); the other paths run to the end."""
     mode = resolve_mode(bundle, settings, mode)
     model, device = bundle.model, bundle.device
     t0 = time.perf_counter()
@@ -89,11 +90,12 @@ def generate(
     if on_runner:
         runner.set_grammar(grammar if constraint is not None else None)
     if mode == "ar" and on_runner and constraint is None and runner.use_graphs and runner.ar_supported:
-        result = decode_ar_graphed(runner, first_logits, settings.max_new_tokens, bundle.eos_token_id, ignore_eos)
+        result = decode_ar(runner, first_logits, settings.max_new_tokens, bundle.eos_token_id, ignore_eos)
     elif mode == "ar":
-        result = decode_ar(engine, first_logits, settings.max_new_tokens, bundle.eos_token_id, constraint, ignore_eos)
+        result = decode_ar_host(engine, first_logits, settings.max_new_tokens, bundle.eos_token_id, constraint,
+                                ignore_eos)
     elif on_runner:
-        result = decode_blocks_graphed(runner, settings, bundle.eos_token_id, ignore_eos, deadline)
+        result = decode_blocks(runner, settings, bundle.eos_token_id, ignore_eos, deadline)
     else:
         result = decode_blocks_host(
             CachedBackend(engine), settings, bundle.mask_token_id, bundle.eos_token_id, constraint, ignore_eos, on_step

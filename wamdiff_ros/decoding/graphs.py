@@ -1,35 +1,27 @@
-"""CUDA Graphs for the decode engine: the denoising step per block size (plain, and fused with the previous block's
-commit) and the AR decode step, captured over one engine's static buffers into one shared memory pool.
+"""CUDA Graphs for the decode engine: the static buffers of one block and one AR answer, the denoising step per block
+size (plain, and fused with the previous block's commit) and the AR decode step, captured over one engine's static
+buffers into one shared memory pool, and their replay.
 
-Per block the host plans once (positions, attention metadata) and replays the step T times. The LM head and the
-unmask rule are inside the graph: each replay writes the block's tokens, confidences and mask in place, so nothing
-reaches the host per step. With the static schedule the step count is known up front; with the threshold rule the
-host asks "any mask left?" only every ``check_every`` steps (a step with nothing left to fix changes nothing; it
-only costs its forward, which is counted). The AR graph feeds its own greedy token back and advances the positions
-in place, so a whole answer is N replays with no host work in between.
+The decode loops (``block.py``, ``ar.py``) drive a runner through its public methods only. Per block the host plans
+once (positions, attention metadata) and replays the step up to T times. The LM head and the unmask rule are inside
+the graph: each replay writes the block's tokens, confidences and mask in place, so nothing reaches the host per
+step. The AR graph feeds its own greedy token back and advances the positions in place, so a whole answer is N
+replays with no host work in between.
 
-Same decisions as ``host.decode_blocks_host`` / ``ar.decode_ar``: the unmask rules are ``unmask.py``'s, and the plan
-grammar, where it is a product of per-position sets (``grammar_mask.py``), is an allowed-token mask applied to the
-logits inside the step (``set_grammar``; the block's rows are copied into a static buffer once per block). Shapes that
-were not captured (a short last block), and everything on a machine without CUDA, run the very same step functions
-eagerly, the attention then planned on the engine's eager backend: on the CPU this path computes what the host loop
-does, token for token.
-
-Anytime: with a ``deadline`` (a ``time.perf_counter()`` value) the host stops refining when it passes, between two
-steps. The answer is then the best so far: the tokens fixed by then, the cut block's masks its last step's
-predictions, and every later position one forward's argmax (``fill``: the cut block committed and all the rest as
-one block of masks, under the grammar when the runner has one). It is flagged ``anytime``.
+The unmask rules are ``unmask.py``'s, and the plan grammar, where it is a product of per-position sets
+(``grammar_mask.py``), is an allowed-token mask applied to the logits inside the step (``set_grammar``; the block's
+rows are copied into a static buffer once per block). Shapes that were not captured (a short last block), and
+everything on a machine without CUDA, run the very same step functions eagerly, the attention then planned on the
+engine's eager backend: on the CPU this path computes what the host loop does, token for token.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
 
 from wamdiff_ros.decoding.engine import DecoderEngine
-from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
 from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step, unmask_confident, unmask_top_k
 
 WARMUP_RUNS = 2  # eager runs on a side stream before capture: lazy initialisation stays out of the graph
@@ -40,8 +32,9 @@ class GraphRunner:
 
     def __init__(self, engine: DecoderEngine, mask_id: int, max_block: int = 64, check_every: int = 2,
                  use_graphs: bool | None = None, pool: tuple | None = None) -> None:
-        """``pool``: a ``torch.cuda.graph_pool_handle()`` to share with other runners (their graphs must not run
-        concurrently); by default the runner's graphs share a pool of their own."""
+        """``check_every``: how many steps (or AR tokens) the decode loops run between two host looks ("any mask
+        left?", "EOS yet?"). ``pool``: a ``torch.cuda.graph_pool_handle()`` to share with other runners (their graphs
+        must not run concurrently); by default the runner's graphs share a pool of their own."""
         if check_every < 1:
             raise ValueError(f"check_every {check_every} must be >= 1")
         if not engine.graph_attention.graph_safe:
@@ -66,6 +59,8 @@ class GraphRunner:
         self._forbidden: torch.Tensor | None = None  # (answer positions, V) bool: what the grammar refuses
         self._blocked: torch.Tensor | None = None  # (max_block, V) bool: the current block's rows of it
         self._schedules: dict[tuple[int, int], torch.Tensor] = {}
+        self._schedule, self._steps = "static", 1  # the unmask rule (``set_unmask``)
+        self._n, self._n_clean, self._needs_plan = 0, 0, False  # the started block (``start_block``)
         self._ar_token = torch.zeros(1, dtype=torch.long, device=dev)
         self._ar_index = torch.zeros(1, dtype=torch.long, device=dev)
         self._ar_tokens = torch.zeros(engine.capacity, dtype=torch.long, device=dev)
@@ -182,64 +177,6 @@ class GraphRunner:
             ks = self._schedules[key]
             self._k[: ks.shape[0]].copy_(ks)
 
-    # -- one block ----------------------------------------------------------------------------------------------------
-    def run_block(self, n: int, n_clean: int, settings: DecodeSettings, offset: int = 0,
-                  deadline: float | None = None) -> int:
-        """Denoise one block of ``n`` masks after a prefill or a finished block of ``n_clean`` tokens (committed by
-        the first step), ``offset`` answer tokens in; returns the steps run. The result is read with
-        ``block_result``. The host looks at the block every ``check_every`` steps ("any mask left?"): the one host
-        sync a step may have. Past ``deadline`` (``time.perf_counter()``) no further step starts."""
-        engine = self.engine
-        if n > self.max_block:
-            raise ValueError(f"block of {n} exceeds the runner's max_block {self.max_block}")
-        if n_clean:
-            self._clean[:n_clean].copy_(self._block[:n_clean])
-        schedule = settings.schedule
-        total = len(tokens_per_step(n, settings.steps)) if schedule == "static" else settings.steps
-        self._reset_block(n, schedule, settings.steps)
-        if self.constrained:
-            self._blocked[:n].copy_(self._forbidden[offset:offset + n])
-        eager = not self.use_graphs
-        engine.plan(n + n_clean, n_clean, eager=eager)
-        self._run((n, n_clean, schedule, self.constrained), lambda: self._step(n, n_clean, schedule))
-        engine.length += n_clean  # the clean block is committed
-        steps = 1
-        if steps < total:
-            engine.plan(n, eager=eager)
-        while steps < total:
-            if deadline is not None and time.perf_counter() >= deadline:
-                break
-            if schedule != "static" and steps % self.check_every == 0 and not bool(self._masked[:n].any()):
-                break
-            self._run((n, 0, schedule, self.constrained), lambda: self._step(n, 0, schedule))
-            steps += 1
-        engine.forward_calls += steps
-        return steps
-
-    def block_result(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The finished block (leftover masks take their last prediction) and its confidences, on the device; the
-        tokens stay in the block buffer as the next block's clean tokens."""
-        masked = self._masked[:n]
-        block = torch.where(masked, self._pred[:n], self._block[:n])
-        conf = torch.where(masked, self._prob[:n], self._conf[:n])
-        self._block[:n].copy_(block)
-        return block, conf
-
-    @torch.inference_mode()
-    def fill(self, n_clean: int, offset: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The anytime answer's rest: one eager forward that commits the finished block's ``n_clean`` tokens and
-        predicts ``count`` masks after them (answer positions ``offset`` on) at once, each its argmax (under the
-        grammar when set); returns those tokens and their probabilities."""
-        engine = self.engine
-        masks = torch.full((count,), self.mask_id, dtype=torch.long, device=engine.device)
-        tokens = torch.cat([self._block[:n_clean], masks]) if n_clean else masks
-        engine.plan(count + n_clean, n_clean, eager=True)
-        logits = engine.run_planned(tokens, n_clean)
-        engine.length += n_clean
-        engine.forward_calls += 1
-        p, pred = self._predict(logits, self._forbidden[offset:offset + count] if self.constrained else None)
-        return pred, p
-
     def _predict(self, logits: torch.Tensor, refused: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each position's most probable token and its probability, with the grammar's ``refused`` (n, V) tokens
         out, or without a grammar [MASK] out (the grammar never allows it)."""
@@ -248,6 +185,70 @@ class GraphRunner:
         else:
             scores = logits.index_fill(-1, self._no_mask, float("-inf"))
         return torch.softmax(scores.float(), dim=-1).max(-1)
+
+    # -- one block (the block loop's interface) -----------------------------------------------------------------------
+    def set_unmask(self, schedule: str, steps: int, threshold: float) -> None:
+        """The unmask rule of the following blocks: ``schedule`` with T = ``steps`` (the static schedule's count
+        per step) and the threshold rule's ``threshold`` (kept on the device, where the step reads it)."""
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule {schedule!r} is not one of {SCHEDULES}")
+        self._schedule, self._steps = schedule, steps
+        self._threshold.fill_(threshold)
+
+    def start_block(self, n: int, offset: int = 0, clean: torch.Tensor | None = None) -> None:
+        """A block of ``n`` masks, ``offset`` answer tokens in, and the plan of its first step, which commits
+        ``clean`` (the finished block before it, if any)."""
+        if n > self.max_block:
+            raise ValueError(f"block of {n} exceeds the runner's max_block {self.max_block}")
+        n_clean = 0 if clean is None else clean.shape[0]
+        if n_clean:
+            self._clean[:n_clean].copy_(clean)
+        self._reset_block(n, self._schedule, self._steps)
+        if self.constrained:
+            self._blocked[:n].copy_(self._forbidden[offset:offset + n])
+        self.engine.plan(n + n_clean, n_clean, eager=not self.use_graphs)
+        self._n, self._n_clean, self._needs_plan = n, n_clean, False
+
+    def step(self) -> torch.Tensor:
+        """One denoising step of the started block (the first commits its clean tokens), replayed when captured;
+        returns its logits (read them before the next step: graphs share one pool). After a commit the host plans
+        once more, before the second step."""
+        engine, n, n_clean, schedule = self.engine, self._n, self._n_clean, self._schedule
+        if self._needs_plan:
+            engine.plan(n, eager=not self.use_graphs)
+            self._needs_plan = False
+        logits = self._run((n, n_clean, schedule, self.constrained), lambda: self._step(n, n_clean, schedule))
+        engine.length += n_clean  # the clean block is committed
+        engine.forward_calls += 1
+        if n_clean:
+            self._n_clean, self._needs_plan = 0, True
+        return logits
+
+    def masks_left(self) -> bool:
+        """Whether the started block still has masks: a host sync."""
+        return bool(self._masked[:self._n].any())
+
+    def finish_block(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The started block's tokens (leftover masks take their last prediction) and confidences, on the device."""
+        n = self._n
+        masked = self._masked[:n]
+        return torch.where(masked, self._pred[:n], self._block[:n]), torch.where(masked, self._prob[:n], self._conf[:n])
+
+    @torch.inference_mode()
+    def fill(self, clean: torch.Tensor | None, offset: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The anytime answer's rest: one eager forward that commits the finished block ``clean`` and predicts
+        ``count`` masks after it (answer positions ``offset`` on) at once, each its argmax (under the grammar when
+        set); returns those tokens and their probabilities."""
+        engine = self.engine
+        n_clean = 0 if clean is None else clean.shape[0]
+        masks = torch.full((count,), self.mask_id, dtype=torch.long, device=engine.device)
+        tokens = torch.cat([clean, masks]) if n_clean else masks
+        engine.plan(count + n_clean, n_clean, eager=True)
+        logits = engine.run_planned(tokens, n_clean)
+        engine.length += n_clean
+        engine.forward_calls += 1
+        p, pred = self._predict(logits, self._forbidden[offset:offset + count] if self.constrained else None)
+        return pred, p
 
     @torch.inference_mode()
     def step_logits(self, n: int, clean: torch.Tensor | None = None, schedule: str = "static") -> torch.Tensor:
@@ -273,7 +274,28 @@ class GraphRunner:
         self.engine.length += 1
         return logits
 
-    # -- AR -----------------------------------------------------------------------------------------------------------
+    # -- AR (the AR loop's interface) ---------------------------------------------------------------------------------
+    def start_ar(self, token: torch.Tensor, confidence: torch.Tensor) -> None:
+        """An AR answer whose first token (the prefill's prediction) is ``token`` with ``confidence``; plans the one
+        query that every ``ar_step`` then advances in place."""
+        self._ar_tokens[:1].copy_(token.view(1))
+        self._ar_conf[:1].copy_(confidence.view(1))
+        self._ar_token.copy_(token.view(1))
+        self._ar_index.fill_(1)
+        self.engine.plan(1)
+
+    def ar_step(self) -> torch.Tensor:
+        """One AR forward of the last token (committed), its greedy successor appended to the answer; replayed when
+        captured. Returns the logits (read them before the next step)."""
+        logits = self._run(("ar",), self._ar_step)
+        self.engine.length += 1
+        self.engine.forward_calls += 1
+        return logits
+
+    def ar_answer(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The AR answer's first ``count`` tokens and confidences, on the device (views of the static buffers)."""
+        return self._ar_tokens[:count], self._ar_conf[:count]
+
     def _ar_step(self) -> torch.Tensor:
         logits = self.engine.run_planned(self._ar_token, 0)
         p, token = torch.softmax(logits.float(), dim=-1).max(-1)
@@ -283,72 +305,3 @@ class GraphRunner:
         self._ar_index.add_(1)
         self.engine.positions[:1].add_(1)
         return logits
-
-
-@torch.inference_mode()
-def decode_blocks_graphed(runner: GraphRunner, settings: DecodeSettings, eos_id: int,
-                          ignore_eos: bool = False, deadline: float | None = None) -> DecodeResult:
-    """``host.decode_blocks_host`` on the runner's graphs, constrained by the runner's grammar mask if it has one
-    (``set_grammar``): one host sync per block (the EOS check; none with ``ignore_eos``), one every ``check_every``
-    steps under the threshold rule, and one at the end. ``deadline`` (``time.perf_counter()``): past it the answer
-    is the best so far (the module's "Anytime"), flagged ``anytime``."""
-    engine = runner.engine
-    runner._threshold.fill_(settings.threshold)
-    calls_before = engine.forward_calls
-    blocks, confs, steps_per_block = [], [], []
-    produced, pending, anytime = 0, 0, False
-    while produced < settings.max_new_tokens:
-        if deadline is not None and time.perf_counter() >= deadline:
-            block, conf = runner.fill(pending, produced, settings.max_new_tokens - produced)
-            blocks.append(block)
-            confs.append(conf)
-            anytime = True
-            break
-        n = min(settings.block_size, settings.max_new_tokens - produced)
-        steps_per_block.append(runner.run_block(n, pending, settings, produced, deadline))
-        if deadline is not None and time.perf_counter() >= deadline and bool(runner._masked[:n].any()):
-            anytime = True  # cut inside the block: its masks take the last step's argmax
-        block, conf = runner.block_result(n)
-        blocks.append(block)
-        confs.append(conf)
-        produced += n
-        if not ignore_eos and bool((block == eos_id).any()):
-            break
-        pending = n
-    tokens, confidence = torch.cat(blocks).tolist(), torch.cat(confs).tolist()
-    if not ignore_eos and eos_id in tokens:
-        cut = tokens.index(eos_id) + 1
-        tokens, confidence = tokens[:cut], confidence[:cut]
-    return DecodeResult(tokens, confidence, engine.forward_calls - calls_before, steps_per_block, anytime)
-
-
-@torch.inference_mode()
-def decode_ar_graphed(runner: GraphRunner, first_logits: torch.Tensor, max_new_tokens: int, eos_id: int,
-                      ignore_eos: bool = False) -> DecodeResult:
-    """``ar.decode_ar`` (unconstrained) on the runner's AR graph; EOS is looked for every ``check_every`` tokens,
-    so up to ``check_every - 1`` forwards may run past it (counted; their tokens are dropped)."""
-    if not runner.ar_supported:
-        raise ValueError(f"the AR graph needs the sdpa backend, not {runner.engine.graph_attention.name}")
-    engine = runner.engine
-    if max_new_tokens > engine.capacity - engine.length:
-        raise ValueError(f"{max_new_tokens} new tokens do not fit the cache after a {engine.length}-token prompt")
-    p, token = torch.softmax(first_logits.float(), dim=-1).max(-1)
-    runner._ar_tokens[:1].copy_(token.view(1))
-    runner._ar_conf[:1].copy_(p.view(1))
-    runner._ar_token.copy_(token.view(1))
-    runner._ar_index.fill_(1)
-    engine.plan(1)
-    forwards = 0
-    for i in range(1, max_new_tokens):
-        if not ignore_eos and i % runner.check_every == 0 and bool((runner._ar_tokens[:i] == eos_id).any()):
-            break
-        runner._run(("ar",), runner._ar_step)
-        forwards += 1
-    engine.length += forwards
-    engine.forward_calls += forwards
-    tokens = runner._ar_tokens[: forwards + 1].tolist()
-    confidence = runner._ar_conf[: forwards + 1].tolist()
-    if not ignore_eos and eos_id in tokens:
-        cut = tokens.index(eos_id) + 1
-        tokens, confidence = tokens[:cut], confidence[:cut]
-    return DecodeResult(tokens, confidence, forwards, [])
