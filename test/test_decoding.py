@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.bench.reference import FullSequenceBackend, module_layers, modules_in_engine, unstacked_engines
 from wamdiff_ros.decoding import masks
 from wamdiff_ros.decoding.engine import DecoderEngine, fused_layers
 from wamdiff_ros.decoding.host import CachedBackend, decode_blocks_host
-from wamdiff_ros.decoding.reference import FullSequenceBackend, module_layers, modules_in_engine, unstacked_engines
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.decoding.unmask import tokens_per_step, unmask_confident, unmask_step, unmask_top_k
 from wamdiff_ros.errors import DecodeSettingsError

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.bench.reference import FullSequenceBackend, load_state, step_logits
 from wamdiff_ros.decoding import attention as attn
 from wamdiff_ros.decoding.ar import decode_ar, decode_ar_host
 from wamdiff_ros.decoding.block import decode_blocks
@@ -23,7 +24,6 @@ from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.generate import generate
 from wamdiff_ros.decoding.graphs import GraphRunner
 from wamdiff_ros.decoding.host import CachedBackend, decode_blocks_host
-from wamdiff_ros.decoding.reference import FullSequenceBackend
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import encode_prompt
 
@@ -328,12 +328,12 @@ def _graph_vs_eager(bundle, image, attention):
     reference.prefill(prompt, bundle.meta.prompt_block_size)
     masks = torch.full((8,), bundle.mask_token_id, device="cuda")
     with torch.inference_mode():
-        runner.engine.load_state(reference)
-        fast = runner.step_logits(8)
+        load_state(runner.engine, reference)
+        fast = step_logits(runner, 8)
         want = reference.forward(masks, commit=False)
         clean = want.argmax(-1)
-        runner.engine.load_state(reference)
-        fast_fused = runner.step_logits(8, clean)
+        load_state(runner.engine, reference)
+        fast_fused = step_logits(runner, 8, clean)
         want_fused = reference.commit_and_step(clean, masks)
     for got, ref in ((fast, want), (fast_fused, want_fused)):
         diff = (got.float().log_softmax(-1) - ref.float().log_softmax(-1)).abs().max().item()

@@ -13,8 +13,8 @@ except ImportError:  # not installed: use the checkout's training/ folder
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.bench.reference import FullSequenceBackend
 from wamdiff_ros.decoding import masks
-from wamdiff_ros.decoding.reference import FullSequenceBackend
 from wamdiff_ros.inputs import PromptInputs, encode_prompt
 from wamdiff_training import layout as lay
 from wamdiff_training.data import encode_answer

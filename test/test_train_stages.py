@@ -19,8 +19,8 @@ except ImportError:  # not installed: use the checkout's training/ folder
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.bench.reference import FullSequenceBackend
 from wamdiff_ros.decoding.host import decode_blocks_host
-from wamdiff_ros.decoding.reference import FullSequenceBackend
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.model import DecodeMeta, tiny_random

@@ -23,9 +23,9 @@ import torch
 from tqdm import tqdm
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.bench.reference import modules_in_engine, unstacked_engines
 from wamdiff_ros.decoding.constraint import WaypointConstraint
 from wamdiff_ros.decoding.generate import generate
-from wamdiff_ros.decoding.reference import modules_in_engine, unstacked_engines
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.model import load

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from wamdiff_ros.bench.reference import ar_step_logits, load_state, step_logits
 from wamdiff_ros.decoding.attention import AttentionUnavailable, SdpaAttention, select_attention
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.graphs import GraphRunner
@@ -59,22 +60,22 @@ def check(bundle: ModelBundle, prompt: PromptInputs, capacity: int, runners: dic
     base.prefill(prompt, bundle.meta.prompt_block_size)
     for b in block_sizes:
         masks = torch.full((b,), mask_id, dtype=torch.long, device=base.device)
-        ref.load_state(base)
+        load_state(ref, base)
         ref_first = ref.forward(masks, commit=False)
-        oracle.load_state(base)
+        load_state(oracle, base)
         ora_first = oracle.forward(masks, commit=False)
         clean = ref_first.index_fill(-1, torch.tensor([mask_id], device=base.device), float("-inf")).argmax(-1)
-        ref.load_state(base)
+        load_state(ref, base)
         ref_fused = ref.commit_and_step(clean, masks)
-        oracle.load_state(base)
+        load_state(oracle, base)
         ora_fused = oracle.commit_and_step(clean, masks)
         for name, runner in runners.items():
             if name == "ar-graph":
                 continue
-            runner.engine.load_state(base)
-            first = runner.step_logits(b)
-            runner.engine.load_state(base)
-            fused = runner.step_logits(b, clean)
+            load_state(runner.engine, base)
+            first = step_logits(runner, b)
+            load_state(runner.engine, base)
+            fused = step_logits(runner, b, clean)
             steps = {"first_step": compare(first, ref_first, ora_first),
                      "after_commit": compare(fused, ref_fused, ora_fused)}
             out[f"{name}-b{b}"] = {**steps, "passed": all(s["passed"] for s in steps.values())}
@@ -84,9 +85,9 @@ def check(bundle: ModelBundle, prompt: PromptInputs, capacity: int, runners: dic
         token = first_logits.argmax(-1)
         ref_logits = _hf_last_logits(model, prompt, token)
         ora_logits = _hf_last_logits(model32, prompt, token)
-        runner.engine.load_state(base)
-        step = compare(runner.ar_step_logits(token), ref_logits, ora_logits)
-        ref.load_state(base)
+        load_state(runner.engine, base)
+        step = compare(ar_step_logits(runner, token), ref_logits, ora_logits)
+        load_state(ref, base)
         eager = compare(ref.forward(token.view(1), commit=True), ref_logits, ora_logits)
         out["ar-graph"] = {"first_step_vs_transformers": step, "eager_engine_vs_transformers": eager,
                            "passed": step["passed"]}

@@ -148,27 +148,18 @@ class DecoderEngine:
             self.keys[i, :, :, :length] = layer.keys
             self.values[i, :, :, :length] = layer.values
         self.length = length
-        self.rope_delta = int(delta.reshape(-1)[0])
-        self._build_rope()
+        self.set_rope_delta(int(delta.reshape(-1)[0]))
         return out.logits[0, -1]
 
-    def _build_rope(self) -> None:
+    def set_rope_delta(self, delta: int) -> None:
+        """The response positions' RoPE offset (the prompt's M-RoPE delta) and the cos/sin tables it gives."""
+        self.rope_delta = delta
         rotary = self.model.model.language_model.rotary_emb
         pos = torch.arange(self.capacity, device=self.device) + self.rope_delta
         probe = torch.empty(1, device=self.device, dtype=self.dtype)
         cos, sin = rotary(probe, pos.view(1, 1, -1).expand(3, 1, -1))
         self._cos.copy_(cos[0])  # (capacity, head_dim), indexed by sequence index; in place for graph replays
         self._sin.copy_(sin[0])
-
-    def load_state(self, other: DecoderEngine) -> None:
-        """Take ``other``'s committed prefix (K/V, length, RoPE offset; dtype cast as needed), so that two engines -
-        say a bf16 one and an fp32 oracle - continue from the identical cache."""
-        if other.capacity != self.capacity:
-            raise ValueError(f"capacity {other.capacity} differs from this engine's {self.capacity}")
-        self.keys.copy_(other.keys)
-        self.values.copy_(other.values)
-        self.length, self.rope_delta = other.length, other.rope_delta
-        self._build_rope()
 
     # -- response tokens, eager -------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -222,7 +213,7 @@ class DecoderEngine:
         projections called without their module wrappers; on a CPU the q/k/v and gate/up projections as one matmul
         each and the q/k norms as one, ``fused_layers``). A tiny model on a CPU spends its decode time dispatching
         ops, so this decodes about 1.2x faster there (``wamdiff-bench decode``, its "engine layer loop" line);
-        ``test_decoding.py`` checks the logits equal ``reference.module_layers``' bit for bit."""
+        ``test_decoding.py`` checks the logits equal ``bench.reference.module_layers``' bit for bit."""
         n = tokens.shape[0]
         cos, sin = self._cos.index_select(0, pos)[None, None], self._sin.index_select(0, pos)[None, None]
         attention.begin(pos, skip)

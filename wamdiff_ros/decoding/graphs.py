@@ -250,30 +250,6 @@ class GraphRunner:
         p, pred = self._predict(logits, self._forbidden[offset:offset + count] if self.constrained else None)
         return pred, p
 
-    @torch.inference_mode()
-    def step_logits(self, n: int, clean: torch.Tensor | None = None, schedule: str = "static") -> torch.Tensor:
-        """Logits of one step on a fresh block of ``n`` masks at the engine's length, committing ``clean`` in the
-        same forward when given (a block's first step); through the graph when captured. For correctness checks."""
-        c = 0 if clean is None else clean.shape[0]
-        if c:
-            self._clean[:c].copy_(clean)
-        self._reset_block(n, schedule, n)
-        self.engine.plan(n + c, c)
-        logits = self._run((n, c, schedule, self.constrained), lambda: self._step(n, c, schedule)).clone()
-        self.engine.length += c
-        return logits
-
-    @torch.inference_mode()
-    def ar_step_logits(self, token: torch.Tensor) -> torch.Tensor:
-        """Logits of one AR forward of ``token`` at the engine's length (committed); through the graph when
-        captured. For correctness checks."""
-        self._ar_token.copy_(token.view(1))
-        self._ar_index.fill_(1)
-        self.engine.plan(1)
-        logits = self._run(("ar",), self._ar_step).clone()
-        self.engine.length += 1
-        return logits
-
     # -- AR (the AR loop's interface) ---------------------------------------------------------------------------------
     def start_ar(self, token: torch.Tensor, confidence: torch.Tensor) -> None:
         """An AR answer whose first token (the prefill's prediction) is ``token`` with ``confidence``; plans the one

@@ -1,6 +1,6 @@
 """Block-diffusion decoding on the host: the fallback for step traces (``on_step``) and for a grammar that is not a
 per-position mask (WAM-Diff2's free width, ``constraint.py``), and the loop a reference backend runs
-(``reference.py``). The product decodes on a ``GraphRunner`` (``block.py``), to the same tokens.
+(``bench/reference.py``). The product decodes on a ``GraphRunner`` (``block.py``), to the same tokens.
 
 Per block: B [MASK] tokens; each step forwards the block against the prefix (bidirectional inside the block)
 without committing it, predicts every position in place and fixes some masked positions (threshold or static

@@ -1,4 +1,4 @@
-"""References the fast decoder is checked against.
+"""References the fast decoder is checked against, and the probes that check it: for tests and benchmarks only.
 
 - ``FullSequenceBackend``: a naive block backend that recomputes the whole sequence with the explicit block-causal
   mask at every step. No cache, the transformers forward end to end: the ground truth that the cached engine (and
@@ -7,6 +7,9 @@
   arithmetic ``DecoderEngine._layers`` must reproduce bit for bit in fp32; ``modules_in_engine`` makes every engine
   use it for a while (the decode benchmark's contender for the layer loop); ``unstacked_engines`` keeps the lean
   loop but every projection its own matmul (the benchmark's contender for the CPU's stacked projections).
+- ``step_logits``, ``ar_step_logits``: one step's logits through a ``GraphRunner`` (its graph when captured), and
+  ``load_state``: one engine's committed prefix copied into another, so that a fast path and its reference run from
+  the identical cache (``gpu_check.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb
 from wamdiff_ros.decoding import engine as engine_module
 from wamdiff_ros.decoding import masks
 from wamdiff_ros.decoding.engine import DecoderEngine
+from wamdiff_ros.decoding.graphs import GraphRunner
+from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.inputs import PromptInputs
 
 
@@ -109,3 +114,34 @@ def unstacked_engines() -> Iterator[None]:
         yield
     finally:
         engine_module.fused_layers = stacked
+
+
+def load_state(engine: DecoderEngine, other: DecoderEngine) -> None:
+    """Give ``engine`` ``other``'s committed prefix (K/V, length, RoPE offset; dtype cast as needed), so that two
+    engines - say a bf16 one and an fp32 oracle - continue from the identical cache."""
+    if other.capacity != engine.capacity:
+        raise ValueError(f"capacity {other.capacity} differs from this engine's {engine.capacity}")
+    engine.keys.copy_(other.keys)
+    engine.values.copy_(other.values)
+    engine.length = other.length
+    engine.set_rope_delta(other.rope_delta)
+
+
+@torch.inference_mode()
+def step_logits(runner: GraphRunner, n: int, clean: torch.Tensor | None = None,
+                schedule: str = "static") -> torch.Tensor:
+    """Logits of one step on a fresh block of ``n`` masks at the engine's length, committing ``clean`` in the same
+    forward when given (a block's first step); through the graph when captured, else the graph-safe attention run
+    eagerly (what a graph would capture)."""
+    n_clean = 0 if clean is None else clean.shape[0]
+    runner.set_unmask(schedule, n, DecodeSettings().threshold)
+    runner.start_block(n, clean=clean)
+    runner.engine.plan(n + n_clean, n_clean)  # the graph-safe attention, also where graphs are off
+    return runner.step().clone()
+
+
+@torch.inference_mode()
+def ar_step_logits(runner: GraphRunner, token: torch.Tensor) -> torch.Tensor:
+    """Logits of one AR forward of ``token`` at the engine's length (committed); through the graph when captured."""
+    runner.start_ar(token, torch.ones((), device=token.device))
+    return runner.ar_step().clone()
