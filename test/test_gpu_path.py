@@ -344,7 +344,7 @@ def _graph_vs_eager(bundle, image, attention):
 @needs_cuda
 def test_sdpa_graphs_match_eager_on_gpu(cuda_bundle, road_image):
     runner = _graph_vs_eager(cuda_bundle, road_image, "sdpa")
-    assert ("ar",) in runner.captured and (8, 8, "static") in runner.captured
+    assert ("ar",) in runner.captured and (8, 8, "static", False) in runner.captured
 
 
 @needs_cuda
