@@ -10,7 +10,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import CommandError, EgoStateError, ImageError, InputError
 from wamdiff_ros.model import DecodeMeta, tiny_random
-from wamdiff_ros.planner import EgoState, Planner, waypoint_confidence
+from wamdiff_ros.planner import Answer, Detection, EgoState, Planner, waypoint_confidence
 
 EGO = EgoState((5.0, 0.1), (0.2, 0.0))
 ROUTE = np.array([[10.0, -0.77], [29.24, -4.17]])  # the route lane's centre 10 m and 30 m ahead, ego frame
@@ -112,9 +112,9 @@ def test_unconstrained_random_model_reports_invalid_without_raising(tiny_bundle,
 
 def test_detect_and_ask_return_typed_results(planner, road_image):
     det = planner.detect(road_image)
-    assert isinstance(det.boxes, list) and isinstance(det.valid, bool)
+    assert isinstance(det, Detection) and isinstance(det.boxes, list) and isinstance(det.valid, bool)
     ans = planner.ask(road_image, "Is the lane to the left free?")
-    assert isinstance(ans.text, str) and ans.stats.new_tokens > 0
+    assert isinstance(ans, Answer) and isinstance(ans.text, str) and ans.stats.new_tokens > 0
 
 
 def test_waypoint_confidence_is_min_over_each_waypoints_tokens():

@@ -66,6 +66,25 @@ class Plan:
     anytime: bool = False  # decoding was cut at its deadline: the best plan so far (``Planner.plan``)
 
 
+@dataclass(frozen=True, slots=True)
+class Detection:
+    """``Planner.detect``'s result: the boxes on the 0-1000 grid, from the answer ``text``."""
+
+    boxes: list[fmt.Box]
+    text: str
+    valid: bool  # the answer parsed as boxes; else ``reason`` says why
+    reason: str
+    stats: PlanStats
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """``Planner.ask``'s result: the answer's text (empty when the model answered nothing)."""
+
+    text: str
+    stats: PlanStats
+
+
 def check_image(image: object) -> np.ndarray:
     if not isinstance(image, np.ndarray):
         raise ImageError("image", f"expected an HxWx3 uint8 numpy array, got {type(image).__name__}")
@@ -310,20 +329,15 @@ class Planner:
             valid, reason = _plausible(parsed.waypoints)
         return Plan(parsed.waypoints, conf, [], text, valid, reason, stats, generation.result.anytime)
 
-    def detect(self, image: np.ndarray) -> Plan:
+    def detect(self, image: np.ndarray) -> Detection:
         image = check_image(image)
         text, generation = self._run(fmt.detect_prompt(), image, None)
         parsed = fmt.parse_boxes(text)
-        zeros = np.zeros((fmt.NUM_WAYPOINTS, 2), dtype=np.float32)
-        return Plan(zeros, np.zeros(fmt.NUM_WAYPOINTS, np.float32), parsed.boxes, text, parsed.valid, parsed.reason,
-                    self._stats(generation))
+        return Detection(parsed.boxes, text, parsed.valid, parsed.reason, self._stats(generation))
 
-    def ask(self, image: np.ndarray, question: str) -> Plan:
+    def ask(self, image: np.ndarray, question: str) -> Answer:
         image = check_image(image)
         if not isinstance(question, str) or not question.strip():
             raise InputError("question", "expected a non-empty string")
         text, generation = self._run(fmt.ask_prompt(question), image, None)
-        zeros = np.zeros((fmt.NUM_WAYPOINTS, 2), dtype=np.float32)
-        answer = fmt.parse_text(text)
-        return Plan(zeros, np.zeros(fmt.NUM_WAYPOINTS, np.float32), [], answer, bool(answer),
-                    "" if answer else "empty answer", self._stats(generation))
+        return Answer(fmt.parse_text(text), self._stats(generation))
