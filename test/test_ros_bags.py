@@ -18,7 +18,7 @@ pytest.importorskip("rosbags", reason="rosbags not installed")
 
 from rosbags.rosbag2 import Reader  # noqa: E402
 
-from wamdiff_ros.ros import bags  # noqa: E402
+from wamdiff_ros.ros import bag_tools, bags  # noqa: E402
 from wamdiff_ros.ros.blackbox import BlackBox  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -340,7 +340,7 @@ def _env(k: int) -> dict[str, str]:
 
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "wamdiff_ros.ros.bags", *args], cwd=ROOT, env=env,
+        return subprocess.Popen([sys.executable, "-m", "wamdiff_ros.ros.bag_tools", *args], cwd=ROOT, env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -438,6 +438,6 @@ def test_replay_loop_clock_remap_and_ctrl_c(tmp_path, store):
 
 
 def test_module_usage_without_a_command():
-    assert bags.main([]) == 2
+    assert bag_tools.main([]) == 2
     with pytest.raises(SystemExit):
-        bags.replay_main(["--rate", "0", str(SAMPLE)])
+        bag_tools.replay_main(["--rate", "0", str(SAMPLE)])

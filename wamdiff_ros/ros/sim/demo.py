@@ -50,7 +50,7 @@ def run(bag: Path, out: Path, node_args: list[str], settle_s: float, ready_timeo
                       str(share_file("planner.yaml")), "-p", "use_sim_time:=true", "-p", "blackbox_dir:=none",
                       *node_args),
         env=env, stdout=logs["node"], stderr=subprocess.STDOUT)
-    record = subprocess.Popen(python_module("wamdiff_ros.ros.bags", "record", str(recording), "--topics",
+    record = subprocess.Popen(python_module("wamdiff_ros.ros.bag_tools", "record", str(recording), "--topics",
                                             *OUTPUT_TOPICS), env=env, stdout=logs["record"], stderr=subprocess.STDOUT)
     try:
         print(f"node and recorder starting (logs in {out})", flush=True)
@@ -59,7 +59,7 @@ def run(bag: Path, out: Path, node_args: list[str], settle_s: float, ready_timeo
                   f"{out / 'node.log'} and {out / 'record.log'}", file=sys.stderr)
             return 1
         replay = subprocess.run(
-            python_module("wamdiff_ros.ros.bags", "replay", str(bag), "--clock", "--wait-for-subscribers", "60",
+            python_module("wamdiff_ros.ros.bag_tools", "replay", str(bag), "--clock", "--wait-for-subscribers", "60",
                           "--delay", "1"),
             env=env, stdout=logs["replay"], stderr=subprocess.STDOUT, timeout=600)
         if replay.returncode != 0:
