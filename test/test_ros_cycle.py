@@ -177,3 +177,52 @@ def test_clock_rate_follows_the_node_clock_against_the_wall():
     assert rate.rate() == pytest.approx(0.0)
     rate.add(106.0, 10.0)  # the clock jumps back (a restarted simulator): start over
     assert rate.rate() is None
+
+
+def test_cycle_inputs_pair_a_frame_with_its_instant_and_say_why_not():
+    from wamdiff_ros.format import Command
+    from wamdiff_ros.planner import EgoState
+    from wamdiff_ros.ros.cycle import CycleInputs, Paired
+
+    inputs, limits = CycleInputs(), InputLimits(sync_tolerance_s=0.1, command_timeout_s=5.0)
+    assert inputs.pair(10.0, 10.0, limits, 0.0, "") == "missing odometry"
+    for stamp, speed in ((9.95, 4.0), (10.02, 5.0)):
+        inputs.add_odometry(stamp, "odom", (stamp, 0.0, 0.0), EgoState((speed, 0.0)))
+    assert inputs.pair(10.0, 10.0, limits, 0.0, "") == "missing command"
+    got = inputs.pair(10.0, 10.0, limits, 0.0, "follow")  # no command yet: the default one
+    assert got == Paired((10.02, 0.0, 0.0), EgoState((5.0, 0.0)), Command.FOLLOW) and inputs.default_in_use
+    inputs.set_command(9.0, Command.LEFT)
+    assert inputs.pair(10.0, 10.0, limits, 0.0, "follow").command is Command.LEFT and not inputs.default_in_use
+    assert inputs.pair(10.0, 14.5, limits, 0.0, "").startswith("stale command")
+    assert not inputs.went_back(10.0, 0.1) and inputs.went_back(5.0, 0.1)  # a looping bag
+    assert len(inputs.odometry) == 0  # the odometry from after the jump is gone
+
+
+def test_cycle_inputs_route_points_are_taken_at_the_pose_and_a_foreign_frame_is_reported_once():
+    from wamdiff_ros.ros.cycle import CycleInputs
+
+    inputs = CycleInputs()
+    assert inputs.route_points((0.0, 0.0, 0.0)).points is None and inputs.values(0.0)["route"] == "none"
+    inputs.add_odometry(0.0, "odom", (0.0, 0.0, 0.0), None)
+    inputs.set_route(0.0, "odom", np.array([[0.0, 0.0], [100.0, 0.0]]))
+    got = inputs.route_points((20.0, 0.0, 0.0))
+    np.testing.assert_allclose(got.points, [[10.0, 0.0], [30.0, 0.0]], atol=1e-9)
+    assert got.problem is None and inputs.values(0.0)["route"] == "used"
+    inputs.set_route(0.0, "map", np.array([[0.0, 0.0], [100.0, 0.0]]))
+    first, again = inputs.route_points((0.0, 0.0, 0.0)), inputs.route_points((0.0, 0.0, 0.0))
+    assert first.points is None and first.report and "'map'" in str(first.problem)
+    assert again.problem is not None and not again.report
+    assert inputs.values(0.0)["route"].startswith("refused")
+    from wamdiff_ros.errors import RouteError
+
+    with pytest.raises(RouteError):
+        inputs.set_route(0.0, "odom", np.array([[0.0, 0.0]]))  # one point is not a route
+
+
+@pytest.mark.parametrize("rate, expected", [(1.0, 100.0 + 0.25 - 0.01), (0.5, 100.0 + 0.5 - 0.01), (None, None),
+                                            (0.0, None)])
+def test_decode_deadline_turns_the_time_left_on_the_node_clock_into_wall_time(rate, expected):
+    from wamdiff_ros.ros.cycle import decode_deadline
+
+    got = decode_deadline(image_stamp=50.0, now=50.05, start=100.0, deadline_s=0.3, margin_s=0.01, clock_rate=rate)
+    assert got == pytest.approx(expected) if expected is not None else got is None

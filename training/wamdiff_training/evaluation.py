@@ -30,7 +30,7 @@ from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.decoding.unmask import SCHEDULES
 from wamdiff_ros.errors import CheckpointError, WamDiffError
 from wamdiff_ros.model import TINY_RANDOM, ModelBundle, load
-from wamdiff_ros.planner import EgoState, Plan, Planner
+from wamdiff_ros.planner import Answer, Detection, EgoState, Plan, Planner
 from wamdiff_training.world.questions import read_lead_answer
 from wamdiff_training import checkpoint, plots
 from wamdiff_training.data import (BEHAVIOURS, TURN_END_M, Record, RecordError, Sample, behaviour_of,
@@ -145,7 +145,7 @@ def load_subject(path: str, label: str, args: argparse.Namespace, threshold: flo
 # -- open loop ------------------------------------------------------------------------------------------------------
 
 
-def _speed(plans: list[Plan]) -> dict:
+def _speed(plans: list[Plan] | list[Detection] | list[Answer]) -> dict:
     calls = sum(p.stats.forward_calls for p in plans)
     tokens = sum(p.stats.new_tokens for p in plans)
     decode_s = sum(p.stats.decode_s for p in plans)
@@ -330,11 +330,11 @@ def plan_row(planner: Planner, records: list[Record], images: dict, bar, thresho
             **_speed(plans)}
 
 
-def ask_breakdown(pairs: list[tuple[Plan, Record]]) -> dict:
+def ask_breakdown(pairs: list[tuple[Answer, Record]]) -> dict:
     """Exact match per question (meta.question, else the question text) and, for the lead-vehicle question, how well
     the distance is read off the image: mean absolute error and Pearson r against the reference, next to the error
     of always answering the reference mean (what a model blind to the image can do at best)."""
-    groups: dict[str, list[tuple[Plan, Record]]] = {}
+    groups: dict[str, list[tuple[Answer, Record]]] = {}
     for p, r in pairs:
         groups.setdefault(str(r.meta.get("question") or question_of(r)), []).append((p, r))
     out = {"per_question": {k: {"records": len(v), "exact_match": float(np.mean([p.text.strip() == r.answer.strip()

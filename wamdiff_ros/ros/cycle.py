@@ -285,14 +285,10 @@ class CycleInputs:
             return self._command
 
     def set_route(self, stamp: float, frame_id: str, points: np.ndarray) -> None:
-        """The latest route; an empty one clears it. Raises (and clears the route) when it has fewer than two finite
-        points: the same checks as every cycle's."""
-        try:
-            if len(points):
-                route_points_ahead(points, points[0], 0.0)
-        except Exception as exc:
-            self.clear_route(f"error: {exc}")
-            raise
+        """The latest route; an empty one clears it. Raises when it has fewer than two finite points (the same checks
+        as every cycle's); the caller then clears the route."""
+        if len(points):
+            route_points_ahead(points, points[0], 0.0)
         with self._lock:
             if not len(points):
                 self.route, self.route_state = None, "none"

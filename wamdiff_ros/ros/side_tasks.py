@@ -71,11 +71,12 @@ class SideTasks:
             self.outputs.description(self.description, list(questions), frame)
         return True
 
-    def debug_image(self, frame: Frame, plan: Plan, hz: float, now: float, fov_deg: float) -> np.ndarray | None:
-        """The frame with its plan (waypoints coloured by confidence), the latest boxes and description drawn, at most
-        ``hz`` a second (``now``: time.monotonic()); None when not due."""
-        if hz <= 0 or now - self._last_debug < 1.0 / hz:
-            return None
+    def debug_due(self, hz: float, now: float) -> bool:
+        """Whether a debug image is due at ``now`` (time.monotonic()): at most ``hz`` a second, none at 0."""
+        return hz > 0 and now - self._last_debug >= 1.0 / hz
+
+    def debug_image(self, frame: Frame, plan: Plan, now: float, fov_deg: float) -> np.ndarray:
+        """The frame with its plan (waypoints coloured by confidence), the latest boxes and description drawn."""
         self._last_debug = now
         from wamdiff_ros.draw import CameraModel, draw_plan
 

@@ -136,10 +136,9 @@ class Worker:
                 counters.anytime += 1
             self._publish(frame.header, plan, paired.pose, fallback=failure is not None)
         node.side.planned = (frame, plan)
-        if node.outputs.debug_wanted:
-            image = node.side.debug_image(frame, plan, cfg.debug_image_hz, time.monotonic(), cfg.model_fov_deg)
-            if image is not None:
-                node.outputs.debug_image(image, frame.header)
+        now = time.monotonic()
+        if node.side.debug_due(cfg.debug_image_hz, now) and node.outputs.debug_wanted:  # only while subscribed
+            node.outputs.debug_image(node.side.debug_image(frame, plan, now, cfg.model_fov_deg), frame.header)
         self.ros_overhead.add(frame.convert_s + time.perf_counter() - t_publish)
         self.frame_to_plan.add(node.now() - frame.stamp)
 

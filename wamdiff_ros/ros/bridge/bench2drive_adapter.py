@@ -50,7 +50,7 @@ from wamdiff_ros.carla_bridge.route import RouteCommands
 from wamdiff_ros.geometry import Pose2D
 from wamdiff_ros.msg import DrivingCommand
 from wamdiff_ros.ros.bridge import messages as bm
-from wamdiff_ros.ros.conversions import path_msg, yaw_from_quaternion
+from wamdiff_ros.ros.conversions import path_msg, stamp_to_sec, yaw_from_quaternion
 from wamdiff_ros.ros.common import declare_parameters, diagnostics_msg, spin_nodes, table_params
 
 NODE_NAME = "wamdiff_bench2drive_adapter"
@@ -66,10 +66,6 @@ PARAMETERS = {  # name: (default, description); read at start
     "command_hold_m": (10.0, "... until this far after it"),
 }
 LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-
-
-def _seconds(stamp) -> float:
-    return stamp.sec + stamp.nanosec * 1e-9
 
 
 class Bench2DriveAdapter(Node):
@@ -168,7 +164,7 @@ class Bench2DriveAdapter(Node):
 
     # -- one tick -----------------------------------------------------------------------------------------------------
     def _on_clock(self, msg: Clock) -> None:
-        t = _seconds(msg.clock)
+        t = stamp_to_sec(msg.clock)
         if t <= self._last_tick:
             if t < self._last_tick - 1.0:  # a new route restarted the simulation clock
                 self._last_tick = -math.inf
