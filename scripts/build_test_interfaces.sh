@@ -3,12 +3,18 @@
 # uses; carla_msgs has no wheel) into the venv like the package's own msg/ (scripts/build_interfaces.sh): libraries in
 # $VENV/lib, the Python part in $VENV/lib/wamdiff_test_interfaces, which is NOT on sys.path: only the tests that need
 # it add it (test/conftest.py: TEST_INTERFACES), so the runtime never imports a stand-in carla_msgs.
+# Only where the real carla_msgs is not installed (scripts/install_ros2_tools.sh, from ../shared/vendor/ros2): the
+# stand-in's libraries have the real one's names and would replace them.
 # Usage: scripts/build_test_interfaces.sh VENV [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$(cd "$1" && pwd)
 BUILD=${2:-build/test_interfaces}
 PY_DIR=lib/wamdiff_test_interfaces
+if [ -f "$VENV/share/carla_msgs/srv/SpawnObject.srv" ]; then  # the real one (the stand-in has no services)
+  rm -rf "$VENV/$PY_DIR"
+  exit 0
+fi
 mkdir -p "$BUILD"
 for pkg in test/interfaces/*/; do
   name=$(basename "$pkg")
