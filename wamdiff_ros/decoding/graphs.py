@@ -195,15 +195,20 @@ class GraphRunner:
         self._schedule, self._steps = schedule, steps
         self._threshold.fill_(threshold)
 
-    def start_block(self, n: int, offset: int = 0, clean: torch.Tensor | None = None) -> None:
+    def start_block(self, n: int, offset: int = 0, clean: torch.Tensor | None = None,
+                    tokens: torch.Tensor | None = None) -> None:
         """A block of ``n`` masks, ``offset`` answer tokens in, and the plan of its first step, which commits
-        ``clean`` (the finished block before it, if any)."""
+        ``clean`` (the finished block before it, if any). ``tokens``: the block's (n,) start instead, its [MASK]
+        positions to denoise and the others fixed anchors (reflection's in-place repair)."""
         if n > self.max_block:
             raise ValueError(f"block of {n} exceeds the runner's max_block {self.max_block}")
         n_clean = 0 if clean is None else clean.shape[0]
         if n_clean:
             self._clean[:n_clean].copy_(clean)
         self._reset_block(n, self._schedule, self._steps)
+        if tokens is not None:
+            self._block[:n].copy_(tokens)
+            torch.eq(self._block[:n], self.mask_id, out=self._masked[:n])
         if self.constrained:
             self._blocked[:n].copy_(self._forbidden[offset:offset + n])
         self.engine.plan(n + n_clean, n_clean, eager=not self.use_graphs)
@@ -223,6 +228,13 @@ class GraphRunner:
         if n_clean:
             self._n_clean, self._needs_plan = 0, True
         return logits
+
+    def rewind(self, length: int) -> None:
+        """Forget the cache from ``length`` on (the prompt and the answer blocks before it stay): a block decoded
+        again is written over what was there."""
+        if not 0 <= length <= self.engine.length:
+            raise ValueError(f"rewind to {length}: the cache holds {self.engine.length} tokens")
+        self.engine.length = length
 
     def masks_left(self) -> bool:
         """Whether the started block still has masks: a host sync."""
