@@ -1,0 +1,199 @@
+"""Reflection: block decoding repairs a drafted plan in place, with the same model (gradient-free self-correction).
+
+Masked diffusion predicts every position in place, so a wrong token can be chosen again among the model's own
+candidates, and the tokens that depend on it denoised again with the rest of the answer fixed as anchors
+(ReflectDrive, ICLR 2026: a local search finds safe anchor tokens, then inpainting regenerates the rest).
+
+After the draft, when the plan checker (``PlanCheck``: the planner's side, ``wamdiff_ros.plan_check``) names failing
+waypoints, each round takes the earliest one and
+1. **searches** its tokens' candidates, the per-position top-k of the step that fixed each token
+   (``GraphRunner(candidates=k)``): assignments in order of joint probability (ties: the more significant character
+   changed first), the first that passes given the waypoints before it is fixed as an anchor (no forward);
+2. **re-denoises** the tokens of the later waypoints that still fail (and the searched one's, when nothing passed):
+   they become [MASK] again, the cache is rewound to the first block holding one, and those blocks run the runner's
+   denoising step again (same KV cache, the grammar mask on), every other token fixed.
+At most ``rounds`` rounds; none starts, and no re-denoising step starts, past the deadline (a round cut there keeps
+its anchor and drops its re-denoising). A plan that passes is never touched: same tokens, no forward.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from wamdiff_ros.decoding.graphs import GraphRunner
+
+MIN_CANDIDATE_PROB = 1e-4  # candidates less likely than this are not tried
+MAX_TRIALS = 128  # assignments checked per searched waypoint at most (~50 µs each)
+
+
+class PlanCheck(Protocol):
+    """The planner's view of an answer's tokens (the full blocks; what follows EOS is ignored)."""
+
+    num_waypoints: int
+
+    def failing(self, tokens: Sequence[int]) -> list[int]: ...  # failing waypoints, earliest first
+
+    def passes(self, tokens: Sequence[int], waypoint: int) -> bool: ...  # given the waypoints before it
+
+    def span(self, tokens: Sequence[int], waypoint: int) -> list[int]: ...  # its numbers' token positions, in order
+
+
+@dataclass(slots=True)
+class ReflectStats:
+    rounds: int = 0
+    extra_forwards: int = 0
+    searched: int = 0  # waypoints whose anchor the search found
+    remasked: int = 0  # tokens denoised again
+    edited: list[int] = field(default_factory=list)  # waypoints whose tokens changed (0-based)
+    cut: bool = False  # a round was cut by the deadline
+    draft: list[int] = field(default_factory=list)  # the tokens before reflection (past EOS too)
+
+    def as_dict(self) -> dict:
+        return {"rounds": self.rounds, "extra_forwards": self.extra_forwards, "searched": self.searched,
+                "remasked": self.remasked, "edited": list(self.edited), "cut": self.cut}
+
+
+@dataclass(slots=True)
+class Draft:
+    """The answer as the block loop left it: every block's tokens (past EOS too), their confidences and candidates."""
+
+    tokens: list[int]
+    confidence: list[float]
+    cand_tokens: list[list[int]]  # per position, the top-k of the step that fixed it
+    cand_probs: list[list[float]]
+    block_sizes: list[int]
+    prefix: int  # the engine's length before the answer
+
+
+def search(tokens: list[int], positions: Sequence[int], cand_tokens: list[list[int]], cand_probs: list[list[float]],
+           ok: Callable[[list[int]], bool], max_trials: int = MAX_TRIALS) -> list[int] | None:
+    """The most probable assignment of ``positions`` (each one of its candidates; the others as in ``tokens``) that
+    ``ok`` accepts, other than the current one; None when none of the first ``max_trials`` does.
+
+    Best-first over the product of the candidate lists (each sorted by probability): the heap holds index vectors
+    scored by joint log-probability, ties broken towards changing earlier (more significant) positions."""
+    options = []  # per position: (token, probability) pairs, the current token first, then by probability
+    for p in positions:
+        pairs = list(zip(cand_tokens[p], cand_probs[p]))
+        current = [tq for tq in pairs if tq[0] == tokens[p]][:1] or [(tokens[p], 1.0)]
+        options.append(current + sorted([tq for tq in pairs if tq[0] != tokens[p] and tq[1] >= MIN_CANDIDATE_PROB],
+                                        key=lambda tq: -tq[1]))
+    logp = [[math.log(max(q, 1e-30)) for _, q in opt] for opt in options]
+
+    def score(index: tuple[int, ...]) -> float:
+        return sum(lp[i] for lp, i in zip(logp, index))
+
+    def significance(index: tuple[int, ...]) -> tuple[int, ...]:  # earlier changed position sorts first
+        return tuple(-i for i in index)
+
+    start = (0,) * len(options)
+    heap = [(-score(start), significance(start), start)]
+    seen = {start}
+    trials = 0
+    while heap and trials <= max_trials:
+        _, _, index = heapq.heappop(heap)
+        if index != start:
+            trials += 1
+            trial = list(tokens)
+            for p, opt, i in zip(positions, options, index):
+                trial[p] = opt[i][0]
+            if ok(trial):
+                return trial
+        for j in range(len(options)):
+            if index[j] + 1 < len(options[j]):
+                nxt = index[:j] + (index[j] + 1,) + index[j + 1:]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    heapq.heappush(heap, (-score(nxt), significance(nxt), nxt))
+    return None
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline
+
+
+@torch.inference_mode()
+def redenoise(runner: GraphRunner, draft: Draft, remask: set[int], steps: int, deadline: float | None) -> bool:
+    """Denoise the ``remask`` positions of ``draft`` again in place (the draft is updated): rewind the cache to the
+    first block holding one, run each block up to the last such block with its other tokens fixed (a block with
+    none only commits the one before). False, with the draft unchanged, when the deadline cut it."""
+    offsets = [sum(draft.block_sizes[:j]) for j in range(len(draft.block_sizes))]
+    block_of = [j for j, n in enumerate(draft.block_sizes) for _ in range(n)]
+    first, last = block_of[min(remask)], block_of[max(remask)]
+    tokens = list(draft.tokens)
+    updates: dict[int, tuple[int, float, list[int], list[float]]] = {}
+    runner.rewind(draft.prefix + offsets[first])
+    device, mask_id = runner.engine.device, runner.mask_id
+    pending = None
+    for j in range(first, last + 1):
+        n, off = draft.block_sizes[j], offsets[j]
+        start = [mask_id if off + i in remask else tokens[off + i] for i in range(n)]
+        if _past(deadline):
+            return False
+        runner.start_block(n, off, pending, tokens=torch.tensor(start, dtype=torch.long, device=device))
+        runner.step()
+        done = 1
+        while done < steps and runner.masks_left():
+            if _past(deadline):
+                return False
+            runner.step()
+            done += 1
+        block, conf = runner.finish_block()
+        cand_t, cand_p = runner.block_candidates()
+        block_l, conf_l, cand_tl, cand_pl = block.tolist(), conf.tolist(), cand_t.tolist(), cand_p.tolist()
+        for i in range(n):
+            if off + i in remask:
+                updates[off + i] = (block_l[i], conf_l[i], cand_tl[i], cand_pl[i])
+                tokens[off + i] = block_l[i]
+        pending = block
+    for p, (t, c, ct, cp) in updates.items():
+        draft.tokens[p], draft.confidence[p], draft.cand_tokens[p], draft.cand_probs[p] = t, c, ct, cp
+    return True
+
+
+def reflect(runner: GraphRunner, draft: Draft, check: PlanCheck, rounds: int, steps: int,
+            deadline: float | None = None) -> ReflectStats:
+    """Repair ``draft`` in place (the module's rounds); returns what was done."""
+    before = list(draft.tokens)
+    stats = ReflectStats(draft=before)
+    calls = runner.engine.forward_calls
+    for _ in range(rounds):
+        failing = check.failing(draft.tokens)
+        if not failing:
+            break
+        if _past(deadline):
+            stats.cut = True
+            break
+        stats.rounds += 1
+        w = failing[0]
+        span = check.span(draft.tokens, w)
+        anchor = search(draft.tokens, span, draft.cand_tokens, draft.cand_probs, lambda t: check.passes(t, w))
+        remask: set[int] = set()
+        if anchor is None:
+            remask.update(span)
+        else:
+            stats.searched += 1
+            for p in span:
+                if anchor[p] != draft.tokens[p]:
+                    draft.tokens[p] = anchor[p]
+                    k = draft.cand_tokens[p].index(anchor[p]) if anchor[p] in draft.cand_tokens[p] else -1
+                    draft.confidence[p] = draft.cand_probs[p][k] if k >= 0 else draft.confidence[p]
+        for v in check.failing(draft.tokens):
+            if v > w:
+                remask.update(check.span(draft.tokens, v))
+        if remask:
+            if not redenoise(runner, draft, remask, steps, deadline):
+                stats.cut = True
+                break
+            stats.remasked += len(remask)
+    stats.extra_forwards = runner.engine.forward_calls - calls
+    changed = {p for p, (a, b) in enumerate(zip(before, draft.tokens)) if a != b}
+    stats.edited = [w for w in range(check.num_waypoints) if changed & set(check.span(draft.tokens, w))]
+    return stats
