@@ -12,7 +12,7 @@ import numpy as np
 
 from wamdiff_ros import format as fmt
 from wamdiff_ros.decoding.attention import CHOICES as ATTENTION_CHOICES
-from wamdiff_ros.decoding.settings import DecodeSettings
+from wamdiff_ros.decoding.settings import IMPLAUSIBLE_ACTIONS, DecodeSettings
 from wamdiff_ros.decoding.unmask import SCHEDULES
 from wamdiff_ros.errors import WamDiffError
 from wamdiff_ros.model_names import DEFAULT_MODEL, DTYPE_NAMES, MODEL_HELP
@@ -44,6 +44,13 @@ def add_decode_settings_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cuda-graph", action="store_true", help="on a GPU, run the decode steps eagerly")
     parser.add_argument("--strict-attention", action="store_true",
                         help="a requested attention backend that cannot run is an error, not a fallback to SDPA")
+    parser.add_argument("--no-reflect", action="store_true",
+                        help="publish block-decoded plans as drafted (no repair of waypoints failing the plan checker)")
+    parser.add_argument("--reflect-rounds", type=int, default=None,
+                        help=f"reflection rounds per plan, at most (default {DecodeSettings().reflect_rounds})")
+    parser.add_argument("--implausible-action", choices=IMPLAUSIBLE_ACTIONS, default=None,
+                        help="a plan still failing the plan checker: publish it flagged, or the fallback (default "
+                             f"{DecodeSettings().implausible_action})")
 
 
 def decode_overrides(args: argparse.Namespace) -> dict:
@@ -58,6 +65,12 @@ def decode_overrides(args: argparse.Namespace) -> dict:
         out["cuda_graph"] = False
     if args.strict_attention:
         out["strict_attention"] = True
+    if args.no_reflect:
+        out["reflect"] = False
+    if args.reflect_rounds is not None:
+        out["reflect_rounds"] = args.reflect_rounds
+    if args.implausible_action is not None:
+        out["implausible_action"] = args.implausible_action
     return out
 
 
@@ -104,6 +117,8 @@ def plan_to_dict(plan) -> dict:
         "valid": plan.valid,
         "reason": plan.reason,
         "stats": plan.stats.as_dict(),
+        "edited_waypoints": list(plan.edited_waypoints),
+        "implausible": plan.implausible,
     }
 
 

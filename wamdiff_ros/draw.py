@@ -21,6 +21,7 @@ MAX_RANGE_M = 200.0  # the bird's-eye panel shows at most this far ahead; farthe
 MIN_FRONT_M = 0.1
 _PATH_RGB = (0, 200, 255)  # path colour when no confidence is given
 _BOX_RGB = (255, 210, 0)
+_MARK_RGB = (255, 255, 255)  # the ring around a waypoint reflection repaired
 _LIMIT_PX = 1e5  # projected coordinates are clipped here so PIL never sees absurd values
 
 
@@ -85,16 +86,21 @@ def _colours(n: int, confidence: np.ndarray | None) -> list[tuple[int, int, int]
     return [(int(round(255 * (1 - t))), int(round(200 * t)), 0) for t in c]  # red (0) to green (1)
 
 
-def _draw_path(d: ImageDraw.ImageDraw, uv: np.ndarray, ok: np.ndarray, colours: list, radius: float) -> None:
+def _draw_path(d: ImageDraw.ImageDraw, uv: np.ndarray, ok: np.ndarray, colours: list, radius: float,
+               marked: Sequence[int] = ()) -> None:
+    """The path; the ``marked`` waypoints (repaired by reflection) get a white ring around their dot."""
     idx = [i for i in range(len(uv)) if ok[i]]
     for a, b in zip(idx, idx[1:]):
         d.line([tuple(uv[a]), tuple(uv[b])], fill=colours[b], width=max(1, int(radius)))
     for i in idx:
         u, v = uv[i]
+        if i in marked:
+            ring = radius * 1.8
+            d.ellipse([u - ring, v - ring, u + ring, v + ring], outline=_MARK_RGB, width=max(1, int(radius / 2)))
         d.ellipse([u - radius, v - radius, u + radius, v + radius], fill=colours[i], outline=(0, 0, 0))
 
 
-def _birds_eye(size: int, wp: np.ndarray, colours: list) -> Image.Image:
+def _birds_eye(size: int, wp: np.ndarray, colours: list, marked: Sequence[int] = ()) -> Image.Image:
     panel = Image.new("RGB", (size, size), (25, 28, 32))
     d = ImageDraw.Draw(panel)
     finite = np.isfinite(wp).all(axis=1)
@@ -113,16 +119,16 @@ def _birds_eye(size: int, wp: np.ndarray, colours: list) -> Image.Image:
     d.rectangle([ox - car_w, oy - car_l * 0.75, ox + car_w, oy + car_l * 0.25], fill=(230, 230, 230))
     uv = np.stack([ox - wp[:, 1] * scale, oy - wp[:, 0] * scale], axis=1)
     uv = np.clip(np.nan_to_num(uv, nan=0.0), -_LIMIT_PX, _LIMIT_PX)
-    _draw_path(d, uv, finite, colours, radius=max(2.0, size / 80))
+    _draw_path(d, uv, finite, colours, radius=max(2.0, size / 80), marked=marked)
     return panel
 
 
 def draw_plan(image: np.ndarray, waypoints: np.ndarray, boxes: Sequence[Box] = (),
               confidence: np.ndarray | None = None, text: str = "",
-              camera: CameraModel = CameraModel()) -> Image.Image:
+              camera: CameraModel = CameraModel(), marked: Sequence[int] = ()) -> Image.Image:
     """Camera image (H, W, 3) uint8 with the projected path and the boxes, a square (H x H) bird's-eye panel on its
     right, and ``text`` on a strip below: a (W + H, H + STRIP_HEIGHT) RGB image, LINE_HEIGHT taller per further line of
-``text``. Non-finite waypoints are skipped."""
+``text``. Non-finite waypoints are skipped; ``marked`` ones (0-based: waypoints reflection repaired) are ringed."""
     arr = np.asarray(image)
     if arr.ndim == 2:
         arr = np.repeat(arr[..., None], 3, axis=2)
@@ -146,13 +152,13 @@ def draw_plan(image: np.ndarray, waypoints: np.ndarray, boxes: Sequence[Box] = (
         d.rectangle([l - 1, t - 1, r + 1, bt + 1], fill=(0, 0, 0))
         d.text((tx, ty), label, fill=_BOX_RGB, font=font)
     uv, front = camera.project(wp, w, h)
-    _draw_path(d, uv, front, colours, radius=max(2.0, w / 160))
+    _draw_path(d, uv, front, colours, radius=max(2.0, w / 160), marked=marked)
 
     lines = text.split("\n") if text else []
     strip = STRIP_HEIGHT + LINE_HEIGHT * max(len(lines) - 1, 0)
     out = Image.new("RGB", (w + h, h + strip), (0, 0, 0))
     out.paste(cam, (0, 0))
-    out.paste(_birds_eye(h, wp, colours), (w, 0))
+    out.paste(_birds_eye(h, wp, colours, marked), (w, 0))
     for i, line in enumerate(lines):
         ImageDraw.Draw(out).text((4, h + (STRIP_HEIGHT - 11) // 2 + LINE_HEIGHT * i), line, fill=(235, 235, 235),
                                  font=font)

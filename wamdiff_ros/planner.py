@@ -22,9 +22,11 @@ from wamdiff_ros.errors import CommandError, EgoStateError, ImageError, InputErr
 from wamdiff_ros.inputs import encode_prompt
 from wamdiff_ros.model import ModelBundle, load
 from wamdiff_ros.model_names import DEFAULT_MODEL
+from wamdiff_ros.plan_check import AnswerCheck, Limits, check_plan, steps_back, summary
 
 MIN_CACHE = 1024  # the decode engine's first KV capacity (tokens); a longer prompt rebuilds it larger
 ANYTIME_MAX_SPEED = 40.0  # m/s: an anytime plan implying a faster step between waypoints is not valid
+REFLECT_TOP_K = 4  # candidates kept per answer position for reflection's search
 MIN_IMAGE_SIDE = 32
 MAX_ASPECT = 100
 log = logging.getLogger(__name__)
@@ -49,6 +51,8 @@ class PlanStats:
     vision_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    reflect_rounds: int = 0  # reflection rounds run on this plan (``decoding/reflect.py``)
+    reflect_forwards: int = 0  # the forwards they cost (included in forward_calls)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -64,6 +68,10 @@ class Plan:
     reason: str = ""
     stats: PlanStats = field(default_factory=PlanStats)
     anytime: bool = False  # decoding was cut at its deadline: the best plan so far (``Planner.plan``)
+    edited: bool = False  # reflection repaired waypoints that failed the plan checker (``edited_waypoints``)
+    edited_waypoints: tuple[int, ...] = ()  # 0-based
+    implausible: str = ""  # the plan still fails the checker: its first violation (``DecodeSettings.implausible_action``)
+    draft_stepped_back: bool = False  # before reflection, an x lay > 0.5 m behind the one before (``plan_check``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +187,8 @@ class Planner:
         self.bundle = bundle
         self.settings = settings
         self._warned_no_route = False
+        self.limits = Limits()  # the plan checker's (``plan_check.py``)
+        self._texts: dict[int, str] = {}  # token id -> text, for the checker
         self.decode_mode = "auto"  # the checkpoint's convention; "ar" | "block" decode it the other way (benchmarks)
         vocab = bundle.model.get_output_embeddings().weight.shape[0]
         self._constraint = (
@@ -220,7 +230,8 @@ class Planner:
         engine = DecoderEngine(self.bundle.model, capacity, attention, strict=s.strict_attention)
         graphs = device.type == "cuda" and s.cuda_graph
         runner = GraphRunner(engine, self.bundle.mask_token_id, max_block=max(s.block_size, 1),
-                             check_every=2 if graphs else 1, use_graphs=graphs)
+                             check_every=2 if graphs else 1, use_graphs=graphs,
+                             candidates=REFLECT_TOP_K if s.reflect else 0)
         if graphs:
             for grammar in ((None, self._grammar) if self._grammar is not None else (None,)):
                 runner.set_grammar(grammar)
@@ -244,6 +255,9 @@ class Planner:
         attention: str | None = None,
         cuda_graph: bool | None = None,
         strict_attention: bool = False,
+        reflect: bool | None = None,
+        reflect_rounds: int | None = None,
+        implausible_action: str | None = None,
     ) -> Planner:
         """``path``: a checkpoint folder (this package's, WAM-Diff2's or Qwen3-VL's layout: ``model.load``), a
         packaged model's name (default ``wamdiff-tiny``) or "tiny-random". ``dtype`` None: float32 on the CPU, the
@@ -262,17 +276,27 @@ class Planner:
             attention=attention if attention is not None else defaults.attention,
             cuda_graph=cuda_graph if cuda_graph is not None else defaults.cuda_graph,
             strict_attention=strict_attention,
+            reflect=reflect if reflect is not None else defaults.reflect,
+            reflect_rounds=reflect_rounds if reflect_rounds is not None else defaults.reflect_rounds,
+            implausible_action=implausible_action if implausible_action is not None else defaults.implausible_action,
         )
         return cls(bundle, settings)
 
+    def _text_of(self, token: int) -> str:
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.bundle.tokenizer.decode([token], skip_special_tokens=False)
+        return text
+
     def _run(self, user_text: str, image: np.ndarray, constraint: WaypointConstraint | None,
-             deadline: float | None = None) -> tuple[str, Generation]:
+             deadline: float | None = None, check: AnswerCheck | None = None) -> tuple[str, Generation]:
         prompt = encode_prompt(self.bundle, user_text, image)
         s = self.settings
         with self._decoding:
             runner = self._runner_for(prompt.length + s.max_new_tokens + s.block_size)
             generation = generate(self.bundle, prompt, s, constraint, mode=self.decode_mode, runner=runner,
-                                  grammar=self._grammar if constraint is not None else None, deadline=deadline)
+                                  grammar=self._grammar if constraint is not None else None, deadline=deadline,
+                                  check=check, reflect_rounds=s.reflect_rounds if check is not None else 0)
         tokens = [t for t in generation.result.tokens if t != self.bundle.eos_token_id]
         return self.bundle.tokenizer.decode(tokens, skip_special_tokens=False), generation
 
@@ -287,6 +311,8 @@ class Planner:
             vision_s=generation.vision_s,
             prefill_s=generation.prefill_s,
             decode_s=generation.decode_s,
+            reflect_rounds=r.reflection.rounds if r.reflection is not None else 0,
+            reflect_forwards=r.reflection.extra_forwards if r.reflection is not None else 0,
         )
 
     def plan(self, image: np.ndarray, ego: EgoState, command: fmt.Command | str,
@@ -316,9 +342,11 @@ class Planner:
         else:
             route_state = "used"
         prompt = fmt.plan_prompt(command, ego.velocity, ego.acceleration, route)
-        text, generation = self._run(prompt, image, self._constraint, deadline)
+        check = AnswerCheck(self._text_of, self.bundle.eos_token_id, ego.velocity, route, self.limits) \
+            if self.settings.reflect else None
+        text, generation = self._run(prompt, image, self._constraint, deadline, check)
         parsed = fmt.parse_waypoints(text)
-        texts = self.bundle.tokenizer.batch_decode([[t] for t in generation.result.tokens])
+        texts = [self._text_of(t) for t in generation.result.tokens]
         conf = waypoint_confidence(texts, generation.result.confidence)
         if not parsed.valid:
             conf = np.zeros(fmt.NUM_WAYPOINTS, dtype=np.float32)
@@ -327,7 +355,18 @@ class Planner:
         valid, reason = parsed.valid, parsed.reason
         if generation.result.anytime and valid:
             valid, reason = _plausible(parsed.waypoints)
-        return Plan(parsed.waypoints, conf, [], text, valid, reason, stats, generation.result.anytime)
+        reflection = generation.result.reflection
+        edited = tuple(reflection.edited) if reflection is not None else ()
+        draft = parsed.waypoints
+        if edited:
+            drafted = fmt.parse_waypoints("".join(self._text_of(t) for t in reflection.draft
+                                                  if t != self.bundle.eos_token_id))
+            draft = drafted.waypoints if drafted.valid else draft
+        implausible = summary(check_plan(parsed.waypoints, ego.velocity, route, self.limits)) if valid else ""
+        if implausible and self.settings.implausible_action == "fallback":
+            valid, reason = False, implausible
+        return Plan(parsed.waypoints, conf, [], text, valid, reason, stats, generation.result.anytime,
+                    bool(edited), edited, implausible, parsed.valid and steps_back(draft))
 
     def detect(self, image: np.ndarray) -> Detection:
         image = check_image(image)

@@ -43,6 +43,8 @@ class Counters:
     watchdog: int = 0  # fallbacks the watchdog published: no plan by the deadline (model slow or hung)
     discarded: int = 0  # plans that finished after the watchdog had answered their frame: not published
     anytime: int = 0  # plans cut at the deadline whose best-so-far plan was published (flagged anytime)
+    repaired: int = 0  # plans published with waypoints reflection repaired (flagged edited)
+    implausible: int = 0  # plans that still failed the plan checker (published flagged, or the fallback)
     last_error: str = ""
     reasons: dict[str, int] = field(default_factory=dict)
 

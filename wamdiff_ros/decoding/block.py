@@ -11,6 +11,9 @@ Anytime: with a ``deadline`` (a ``time.perf_counter()`` value) the host stops re
 steps. The answer is then the best so far: the tokens fixed by then, the cut block's masks its last step's
 predictions, and every later position one forward's argmax (``GraphRunner.fill``: the cut block committed and all the
 rest as one block of masks, under the grammar when the runner has one). It is flagged ``anytime``.
+
+Reflection: with a ``PlanCheck`` (``reflect.py``) a drafted plan that fails the checker is repaired in place before
+the answer is cut at EOS (the runner must keep candidates: ``GraphRunner(candidates=k)``); an anytime answer is not.
 """
 
 from __future__ import annotations
@@ -20,20 +23,24 @@ import time
 import torch
 
 from wamdiff_ros.decoding.graphs import GraphRunner
+from wamdiff_ros.decoding.reflect import Draft, PlanCheck, reflect
 from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
 from wamdiff_ros.decoding.unmask import tokens_per_step
 
 
 @torch.inference_mode()
 def decode_blocks(runner: GraphRunner, settings: DecodeSettings, eos_id: int, ignore_eos: bool = False,
-                  deadline: float | None = None) -> DecodeResult:
+                  deadline: float | None = None, check: PlanCheck | None = None, rounds: int = 0) -> DecodeResult:
     """Block decoding after the runner's engine was prefilled, constrained by the runner's grammar mask if it has one
     (``set_grammar``). ``deadline`` (``time.perf_counter()``): past it the answer is the best so far (the module's
-    "Anytime"), flagged ``anytime``."""
+    "Anytime"), flagged ``anytime``. ``check`` and ``rounds``: reflection (the module's "Reflection")."""
     engine = runner.engine
     runner.set_unmask(settings.schedule, settings.steps, settings.threshold)
-    calls_before = engine.forward_calls
-    blocks, confs, steps_per_block = [], [], []
+    calls_before, prefix = engine.forward_calls, engine.length
+    keep = check is not None and rounds > 0
+    if keep and not runner.candidates:
+        raise ValueError("reflection needs a runner that keeps candidates (GraphRunner(candidates=k))")
+    blocks, confs, cands, steps_per_block = [], [], [], []
     produced, pending, anytime = 0, None, False
     while produced < settings.max_new_tokens:
         if deadline is not None and time.perf_counter() >= deadline:
@@ -49,15 +56,24 @@ def decode_blocks(runner: GraphRunner, settings: DecodeSettings, eos_id: int, ig
         block, conf = runner.finish_block()
         blocks.append(block)
         confs.append(conf)
+        if keep:
+            cands.append(tuple(c.clone() for c in runner.block_candidates()))
         produced += n
         if not ignore_eos and bool((block == eos_id).any()):
             break
         pending = block
     tokens, confidence = torch.cat(blocks).tolist(), torch.cat(confs).tolist()
+    reflection = None
+    if keep and not anytime:
+        draft = Draft(tokens, confidence, torch.cat([c[0] for c in cands]).tolist(),
+                      torch.cat([c[1] for c in cands]).tolist(), [int(b.shape[0]) for b in blocks], prefix)
+        reflection = reflect(runner, draft, check, rounds, settings.steps, deadline)
+        tokens, confidence = draft.tokens, draft.confidence
     if not ignore_eos and eos_id in tokens:
         cut = tokens.index(eos_id) + 1
         tokens, confidence = tokens[:cut], confidence[:cut]
-    return DecodeResult(tokens, confidence, engine.forward_calls - calls_before, steps_per_block, anytime)
+    return DecodeResult(tokens, confidence, engine.forward_calls - calls_before, steps_per_block, anytime,
+                        reflection)
 
 
 def denoise_block(runner: GraphRunner, n: int, settings: DecodeSettings, offset: int, clean: torch.Tensor | None,

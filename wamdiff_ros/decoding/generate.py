@@ -20,6 +20,7 @@ from wamdiff_ros.decoding.constraint import WaypointConstraint
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.graphs import GraphRunner
 from wamdiff_ros.decoding.host import CachedBackend, StepTrace, decode_blocks_host
+from wamdiff_ros.decoding.reflect import PlanCheck
 from wamdiff_ros.decoding.settings import DecodeResult, DecodeSettings
 from wamdiff_ros.inputs import PromptInputs
 from wamdiff_ros.model import ModelBundle
@@ -64,10 +65,14 @@ def generate(
     runner: GraphRunner | None = None,
     grammar: torch.Tensor | None = None,
     deadline: float | None = None,
+    check: PlanCheck | None = None,
+    reflect_rounds: int = 0,
 ) -> Generation:
     """``grammar``: ``constraint`` as a per-position allowed-token mask (``grammar_mask.grammar_mask``), which lets
     a constrained plan decode on the runner. ``deadline`` (``time.perf_counter()``): block decoding on the runner
-    answers its best so far once it passes (``block``'s "Anytime"); the other paths run to the end."""
+    answers its best so far once it passes (``block``'s "Anytime"); the other paths run to the end. ``check`` and
+    ``reflect_rounds``: block decoding on the runner repairs a draft that fails the plan checker (``reflect.py``);
+    the other paths leave the check to the caller."""
     mode = resolve_mode(bundle, settings, mode)
     model, device = bundle.model, bundle.device
     t0 = time.perf_counter()
@@ -95,7 +100,7 @@ def generate(
         result = decode_ar_host(engine, first_logits, settings.max_new_tokens, bundle.eos_token_id, constraint,
                                 ignore_eos)
     elif on_runner:
-        result = decode_blocks(runner, settings, bundle.eos_token_id, ignore_eos, deadline)
+        result = decode_blocks(runner, settings, bundle.eos_token_id, ignore_eos, deadline, check, reflect_rounds)
     else:
         result = decode_blocks_host(
             CachedBackend(engine), settings, bundle.mask_token_id, bundle.eos_token_id, constraint, ignore_eos, on_step

@@ -8,6 +8,8 @@ from wamdiff_ros.decoding.attention import CHOICES as ATTENTION_CHOICES
 from wamdiff_ros.decoding.unmask import SCHEDULES
 from wamdiff_ros.errors import DecodeSettingsError
 
+IMPLAUSIBLE_ACTIONS = ("publish", "fallback")
+
 
 @dataclass(frozen=True, slots=True)
 class DecodeSettings:
@@ -20,6 +22,9 @@ class DecodeSettings:
     attention: str = "auto"  # auto (FlashInfer where it can run, else SDPA) | sdpa | flashinfer
     cuda_graph: bool = True  # on a GPU, the decode steps as captured CUDA Graphs
     strict_attention: bool = False  # a requested backend that cannot run is an error, not a fallback
+    reflect: bool = True  # plans: repair waypoints that fail the plan checker in place (``reflect.py``; blocks only)
+    reflect_rounds: int = 2  # at most this many reflection rounds per plan
+    implausible_action: str = "publish"  # a plan still failing the checker: "publish" (flagged) or "fallback"
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -32,6 +37,11 @@ class DecodeSettings:
             raise DecodeSettingsError(f"schedule {self.schedule!r} is not one of {SCHEDULES}")
         if self.attention not in ATTENTION_CHOICES:
             raise DecodeSettingsError(f"attention {self.attention!r} is not one of {ATTENTION_CHOICES}")
+        if self.reflect_rounds < 0:
+            raise DecodeSettingsError(f"reflect_rounds {self.reflect_rounds} must be >= 0")
+        if self.implausible_action not in IMPLAUSIBLE_ACTIONS:
+            raise DecodeSettingsError(
+                f"implausible_action {self.implausible_action!r} is not one of {IMPLAUSIBLE_ACTIONS}")
         if self.max_new_tokens < 1:
             raise DecodeSettingsError(f"max_new_tokens {self.max_new_tokens} must be >= 1")
 
@@ -43,6 +53,7 @@ class DecodeResult:
     forward_calls: int = 0  # decoder forwards after the prompt prefill
     steps_per_block: list[int] = field(default_factory=list)
     anytime: bool = False  # cut at a deadline: the tokens fixed by then, the rest one forward's argmax
+    reflection: object | None = None  # ``reflect.ReflectStats`` when the plan checker looked at a block draft
 
     @property
     def new_tokens(self) -> int:

@@ -37,6 +37,10 @@ def planner_output_msg(plan: Plan, header, pose: tuple[float, float, float], way
     msg.reason = plan.reason
     msg.fallback = bool(fallback)
     msg.anytime = bool(plan.anytime) and not fallback
+    msg.edited = bool(plan.edited) and not fallback
+    msg.edited_waypoints = [int(w) for w in plan.edited_waypoints] if msg.edited else []
+    msg.draft_stepped_back = bool(plan.draft_stepped_back)
+    msg.implausible = plan.implausible
     s = plan.stats
     msg.block_size = int(s.block_size)
     msg.denoise_steps = min(int(s.denoise_steps), 65535)
@@ -45,6 +49,8 @@ def planner_output_msg(plan: Plan, header, pose: tuple[float, float, float], way
     msg.vision_ms = float(s.vision_s * 1e3)
     msg.prefill_ms = float(s.prefill_s * 1e3)
     msg.decode_ms = float(s.decode_s * 1e3)
+    msg.reflect_rounds = min(int(s.reflect_rounds), 65535)
+    msg.reflect_forwards = min(int(s.reflect_forwards), 65535)
     return msg
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from wamdiff_ros.decoding.settings import DecodeSettings
+from wamdiff_ros.decoding.settings import IMPLAUSIBLE_ACTIONS, DecodeSettings
 from wamdiff_ros.decoding.unmask import SCHEDULES
 from wamdiff_ros.format import Command
 from wamdiff_ros.model_names import DEFAULT_MODEL, DTYPE_NAMES, MODEL_HELP
@@ -23,7 +23,7 @@ PARAMS_DOC = ROOT / "docs" / "parameters.md"
 # one open question, e.g. "Describe the driving scene in one sentence."
 DESCRIBE_QUESTIONS = ("Which lane are we driving in?", "How far ahead is the vehicle in front of us in our lane?")
 DECODE_PARAMS = ("block_size", "steps", "threshold", "schedule", "max_new_tokens", "constrain", "attention",
-                 "cuda_graph", "strict_attention")
+                 "cuda_graph", "strict_attention", "reflect", "reflect_rounds", "implausible_action")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +79,11 @@ class NodeConfig:
     cuda_graph: bool = _param(_DECODE.cuda_graph, "on a GPU, the decode steps as captured CUDA Graphs")
     strict_attention: bool = _param(_DECODE.strict_attention, "a requested attention backend that cannot run is an "
         "error (configure fails), not a fallback to SDPA")
+    reflect: bool = _param(_DECODE.reflect, "block decoding repairs waypoints that fail the plan checker in place "
+        "(local search over the model's candidates, then re-denoising; the plan is flagged edited)")
+    reflect_rounds: int = _param(_DECODE.reflect_rounds, "reflection rounds per plan, at most", 0, 16)
+    implausible_action: str = _param(_DECODE.implausible_action, "a plan that still fails the plan checker: "
+        + " | ".join(IMPLAUSIBLE_ACTIONS) + " (publish flagged implausible, or the fallback stop)")
     compressed: bool = _param(False, "subscribe to ~/input/image/compressed instead of ~/input/image", read_only=True)
     image_width: int = _param(0, "resize images to this width before planning (0 = as received)", 0, 8192)
     image_height: int = _param(0, "resize images to this height before planning (0 = as received)", 0, 8192)

@@ -81,6 +81,10 @@ class SideTasks:
         from wamdiff_ros.draw import CameraModel, draw_plan
 
         label = "fallback stop" if not plan.valid else "anytime plan" if plan.anytime else ""
+        if plan.valid and plan.edited:
+            label = " ".join(t for t in (label, f"repaired {len(plan.edited_waypoints)} (ringed)") if t)
+        if plan.valid and plan.implausible:
+            label = " ".join(t for t in (label, "implausible") if t)
         text = " | ".join(t for t in (label, self.description) if t)
         return np.asarray(draw_plan(frame.rgb, plan.waypoints, self.boxes, plan.waypoint_confidence, text,
-                                    CameraModel(fov_deg=fov_deg)))
+                                    CameraModel(fov_deg=fov_deg), marked=plan.edited_waypoints if plan.valid else ()))

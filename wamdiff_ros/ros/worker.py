@@ -130,10 +130,13 @@ class Worker:
             if not self.watch.claim(frame.stamp):  # the watchdog answered this frame already
                 counters.discarded += 1
                 return
+            if plan is not None and plan.implausible:
+                counters.implausible += 1
             if failure is not None:
                 plan = self._fallback(plan, paired.ego, paired.pose, failure)
-            elif plan.anytime:
-                counters.anytime += 1
+            else:
+                counters.anytime += plan.anytime
+                counters.repaired += plan.edited
             self._publish(frame.header, plan, paired.pose, fallback=failure is not None)
         node.side.planned = (frame, plan)
         now = time.monotonic()
