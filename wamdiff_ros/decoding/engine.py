@@ -197,23 +197,27 @@ class DecoderEngine:
         self._planned = self.attention if eager else self.graph_attention
         self._planned.plan(self.length, n_query, n_clean)
 
-    def run_planned(self, tokens: torch.Tensor, n_clean: int = 0) -> torch.Tensor:
+    def run_planned(self, tokens: torch.Tensor, n_clean: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
         """The planned forward (graph-safe unless planned ``eager``: fixed shapes, device buffers only); logits of all
-        but the first ``n_clean`` tokens. Does not touch ``length`` or ``forward_calls``: the caller accounts for
-        them."""
-        return self._layers(tokens, self.positions[: tokens.shape[0]], n_clean, self._planned)
+        but the first ``n_clean`` tokens, written into ``out`` ((n - n_clean, V), the model's dtype) when given: a
+        caller's static buffer, so the step allocates no (n, V) tensor (``GraphRunner``). Does not touch ``length``
+        or ``forward_calls``: the caller accounts for them."""
+        return self._layers(tokens, self.positions[: tokens.shape[0]], n_clean, self._planned, out)
 
     def _check_fits(self, n: int) -> None:
         if self.length + n > self.capacity:
             raise ValueError(f"cache capacity {self.capacity} exceeded ({self.length + n})")
 
-    def _layers(self, tokens: torch.Tensor, pos: torch.Tensor, skip: int, attention) -> torch.Tensor:
+    def _layers(self, tokens: torch.Tensor, pos: torch.Tensor, skip: int, attention,
+                out: torch.Tensor | None = None) -> torch.Tensor:
         """The text decoder on response tokens: the transformers layers' arithmetic op for op, with fewer ops where
         that is exact (one fused RMSNorm in fp32, the rotary embedding applied to the queries and keys at once, the
         projections called without their module wrappers; on a CPU the q/k/v and gate/up projections as one matmul
         each and the q/k norms as one, ``fused_layers``). A tiny model on a CPU spends its decode time dispatching
         ops, so this decodes about 1.2x faster there (``wamdiff-bench decode``, its "engine layer loop" line);
-        ``test_decoding.py`` checks the logits equal ``bench.reference.module_layers``' bit for bit."""
+        ``test_decoding.py`` checks the logits equal ``bench.reference.module_layers``' bit for bit. The LM head runs
+        on the last ``n - skip`` positions only (a fused commit's clean tokens need no logits), into ``out`` when
+        given (the same matmul, so the same bits)."""
         n = tokens.shape[0]
         cos, sin = self._cos.index_select(0, pos)[None, None], self._sin.index_select(0, pos)[None, None]
         attention.begin(pos, skip)
@@ -245,11 +249,22 @@ class DecoderEngine:
             else:
                 gate, up = F.linear(x, f.gate_up).chunk(2, -1)
             h = h + _linear(mlp.act_fn(gate) * up, mlp.down_proj)
-        return _linear(_rms_norm(h[:, skip:], self.norm), self.lm_head)[0]
+        h = _rms_norm(h[:, skip:], self.norm)[0]
+        if out is None:
+            return _linear(h, self.lm_head)
+        return _linear_into(out, h, self.lm_head)
 
 
 def _linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
     return F.linear(x, module.weight, module.bias)
+
+
+def _linear_into(out: torch.Tensor, x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
+    """``F.linear(x, module.weight, module.bias)`` for a 2-D ``x``, written into ``out``: the matmul ``F.linear``
+    itself calls (mm, or addmm with a bias), so the same bits, and nothing allocated."""
+    if module.bias is None:
+        return torch.mm(x, module.weight.t(), out=out)
+    return torch.addmm(module.bias, x, module.weight.t(), out=out)
 
 
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:

@@ -6,7 +6,10 @@ The decode loops (``block.py``, ``ar.py``) drive a runner through its public met
 once (positions, attention metadata) and replays the step up to T times. The LM head and the unmask rule are inside
 the graph: each replay writes the block's tokens, confidences and mask in place, so nothing reaches the host per
 step. The AR graph feeds its own greedy token back and advances the positions in place, so a whole answer is N
-replays with no host work in between.
+replays with no host work in between. Whatever a step touches that scales with block x vocabulary (the LM head's
+logits, the scores under the grammar, their softmax) is a buffer of the runner's, made once: a step allocates
+nothing of that size, on the CPU as on the GPU (``_predict``), and answers what a softmax made per step answered, bit
+for bit (``test_step_buffers.py``).
 
 The unmask rules are ``unmask.py``'s, and the plan grammar, where it is a product of per-position sets
 (``grammar_mask.py``), is an allowed-token mask applied to the logits inside the step (``set_grammar``; the block's
@@ -25,18 +28,23 @@ from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step, unmask_confident, unmask_top_k
 
 WARMUP_RUNS = 2  # eager runs on a side stream before capture: lazy initialisation stays out of the graph
+CHUNKS = (256, 128, 64, 32, 16, 8)  # the first-argmax's chunk width: the widest that divides the vocabulary
 
 
 class GraphRunner:
     """Static unmask buffers and captured graphs over ``engine``; reused across plans (prefill, then decode)."""
 
     def __init__(self, engine: DecoderEngine, mask_id: int, max_block: int = 64, check_every: int = 2,
-                 use_graphs: bool | None = None, pool: tuple | None = None) -> None:
+                 use_graphs: bool | None = None, pool: tuple | None = None, candidates: int = 0) -> None:
         """``check_every``: how many steps (or AR tokens) the decode loops run between two host looks ("any mask
         left?", "EOS yet?"). ``pool``: a ``torch.cuda.graph_pool_handle()`` to share with other runners (their graphs
-        must not run concurrently); by default the runner's graphs share a pool of their own."""
+        must not run concurrently); by default the runner's graphs share a pool of their own. ``candidates``: k > 0
+        keeps, per block position, the k most probable tokens and their probabilities from the step that fixed it
+        (``block_candidates``); a setting of the runner's, so every graph it captures has it (0: no top-k at all)."""
         if check_every < 1:
             raise ValueError(f"check_every {check_every} must be >= 1")
+        if candidates < 0:
+            raise ValueError(f"candidates {candidates} must be >= 0")
         if not engine.graph_attention.graph_safe:
             raise ValueError(f"the engine's graph attention {engine.graph_attention.name!r} is not graph-safe")
         self.engine = engine
@@ -65,6 +73,46 @@ class GraphRunner:
         self._ar_index = torch.zeros(1, dtype=torch.long, device=dev)
         self._ar_tokens = torch.zeros(engine.capacity, dtype=torch.long, device=dev)
         self._ar_conf = torch.zeros(engine.capacity, dtype=torch.float32, device=dev)
+        # The step's static buffers (``_predict``): whatever scales with block x vocabulary is made here, once, on
+        # the CPU as on the GPU, so that a step allocates nothing of that size (a 151,936-row vocabulary's (32, V)
+        # float is 19 MB: made per step, the CPU allocator may hand it back to the kernel and fault it in again).
+        vocab = engine.lm_head.weight.shape[0]
+        f32 = dict(dtype=torch.float32, device=dev)
+        i64 = dict(dtype=torch.long, device=dev)
+        self.vocab = vocab
+        self._logits = torch.zeros(max_block, vocab, dtype=engine.dtype, device=dev)  # the LM head writes here
+        self._probs = torch.zeros(max_block, vocab, **f32)  # the softmax of the scores
+        self._scores: torch.Tensor | None = None  # (max_block, V) float32, the refused tokens at -inf (``_scratch``)
+        if engine.dtype != torch.float32:
+            self._scratch()
+        self._saved = torch.zeros(max_block, 1, dtype=engine.dtype, device=dev)  # the [MASK] column, put back
+        self._neg_inf = torch.tensor(float("-inf"), **f32)
+        self._step_pred = torch.zeros(max_block, **i64)  # ``_predict``'s answer: argmax and its probability
+        self._step_prob = torch.zeros(max_block, **f32)
+        # the first argmax in two small passes: each chunk's max, then the first chunk that holds the row's max
+        self._chunk = next((c for c in CHUNKS if vocab % c == 0 and vocab > c), 0)
+        width, chunks = (self._chunk, vocab // self._chunk) if self._chunk else (1, 1)
+        self._chunk_max = torch.zeros(max_block, chunks, **f32)
+        self._chunk_index = torch.zeros(max_block, **i64)
+        self._chunk_cols = torch.zeros(max_block, width, **i64)
+        self._chunk_vals = torch.zeros(max_block, width, **f32)
+        self._chunk_arange = torch.arange(width, device=dev)
+        self._within = torch.zeros(max_block, **i64)
+        self._within_max = torch.zeros(max_block, **f32)
+        # candidates: the last step's top-k per position, and the top-k of the step that fixed each position
+        self.candidates = min(candidates, vocab)
+        k = max(self.candidates, 1)
+        top_chunks = min(k, chunks)
+        self._cand_tokens = torch.zeros(max_block, k, **i64)
+        self._cand_probs = torch.zeros(max_block, k, **f32)
+        self._chosen_tokens = torch.zeros(max_block, k, **i64)
+        self._chosen_probs = torch.zeros(max_block, k, **f32)
+        self._fixed_here = torch.zeros(max_block, dtype=torch.bool, device=dev)  # fixed by a step of this block
+        self._top_chunk_vals = torch.zeros(max_block, top_chunks, **f32)
+        self._top_chunks = torch.zeros(max_block, top_chunks, **i64)
+        self._top_cols = torch.zeros(max_block, top_chunks, width, **i64)
+        self._top_vals = torch.zeros(max_block, top_chunks * width, **f32)
+        self._top_at = torch.zeros(max_block, k, **i64)
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = (pool or torch.cuda.graph_pool_handle()) if self.use_graphs else None
 
@@ -86,6 +134,7 @@ class GraphRunner:
             return  # the same mask again (every plan sets it)
         self._grammar_source = mask.data_ptr()
         self._forbidden = ~mask.to(self.engine.device)
+        self._scratch()
         if self._blocked is None or self._blocked.shape[1] != mask.shape[1]:
             self._blocked = torch.zeros(self.max_block, mask.shape[1], dtype=torch.bool, device=self.engine.device)
 
@@ -151,7 +200,7 @@ class GraphRunner:
     def _step(self, n: int, n_clean: int, schedule: str) -> torch.Tensor:
         block, masked = self._block[:n], self._masked[:n]
         tokens = torch.cat([self._clean[:n_clean], block]) if n_clean else block
-        logits = self.engine.run_planned(tokens, n_clean)
+        logits = self.engine.run_planned(tokens, n_clean, out=self._logits[:n])
         p, pred = self._predict(logits, self._blocked[:n] if self.constrained else None)
         if schedule == "static":
             select = unmask_top_k(p, masked, self._k.index_select(0, self._step_index))
@@ -161,6 +210,8 @@ class GraphRunner:
         self._conf[:n].copy_(torch.where(select, p, self._conf[:n]))
         self._pred[:n].copy_(pred)
         self._prob[:n].copy_(p)
+        if self.candidates:
+            self._keep_candidates(n, select)
         masked.copy_(masked & ~select)
         self._step_index.add_(1)
         return logits
@@ -169,6 +220,7 @@ class GraphRunner:
         self._block[:n].fill_(self.mask_id)
         self._masked[:n].fill_(True)
         self._conf[:n].zero_()
+        self._fixed_here[:n].fill_(False)
         self._step_index.zero_()
         if schedule == "static":
             key = (n, steps)
@@ -177,14 +229,97 @@ class GraphRunner:
             ks = self._schedules[key]
             self._k[: ks.shape[0]].copy_(ks)
 
-    def _predict(self, logits: torch.Tensor, refused: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _scratch(self) -> torch.Tensor:
+        """The (max_block, V) float32 scores buffer: needed under a grammar, and where the logits are not float32
+        (made once, outside any capture)."""
+        if self._scores is None:
+            self._scores = torch.zeros_like(self._probs)
+        return self._scores
+
+    def _predict(self, logits: torch.Tensor, refused: torch.Tensor | None,
+                 no_mask: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Each position's most probable token and its probability, with the grammar's ``refused`` (n, V) tokens
-        out, or without a grammar [MASK] out (the grammar never allows it)."""
-        if refused is not None:
-            scores = logits.masked_fill(refused, float("-inf"))
+        out, or without a grammar [MASK] out (the grammar never allows it; ``no_mask`` False: nothing out, the AR
+        step); ``logits`` (n, V), n <= max_block, keep their values.
+
+        Everything of size n x V lives in the runner's static buffers: the exclusion is applied in place (the [MASK]
+        column of ``logits`` set to -inf and put back after; the grammar written into the scores buffer by one
+        ``where``), the softmax goes into ``_probs`` (the same kernel on the same values as ``torch.softmax``: the
+        same bits, no tensor made), and its first argmax is found in two cheap passes (``_first_max``). On a GPU
+        the same ops are what a CUDA Graph captures. Returns views of ``_step_prob`` / ``_step_pred``."""
+        n = logits.shape[0]
+        probs = self._probs[:n]
+        if refused is None and logits.dtype == torch.float32:
+            if no_mask:
+                torch.index_select(logits, 1, self._no_mask, out=self._saved[:n])
+                logits.index_fill_(1, self._no_mask, float("-inf"))
+            torch._softmax(logits, -1, False, out=probs)
+            if no_mask:
+                logits.index_copy_(1, self._no_mask, self._saved[:n])
         else:
-            scores = logits.index_fill(-1, self._no_mask, float("-inf"))
-        return torch.softmax(scores.float(), dim=-1).max(-1)
+            scores = self._scratch()[:n]
+            if refused is not None:
+                if logits.dtype == torch.float32:
+                    torch.where(refused, self._neg_inf, logits, out=scores)
+                else:
+                    scores.copy_(logits)
+                    scores.masked_fill_(refused, float("-inf"))
+            else:
+                scores.copy_(logits)
+                if no_mask:
+                    scores.index_fill_(1, self._no_mask, float("-inf"))
+            torch._softmax(scores, -1, False, out=probs)
+        return self._first_max(probs, self._step_prob[:n], self._step_pred[:n])
+
+    def _first_max(self, probs: torch.Tensor, value: torch.Tensor,
+                   index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``probs.max(-1)`` into ``value`` / ``index``: the maximum and its first index, as ``torch.max`` gives
+        them. On the CPU ``max`` with indices is a scalar loop (about 5x a vectorised ``amax`` over a real
+        vocabulary), so where a chunk width divides V it is each chunk's ``amax``, the first chunk holding the row's
+        maximum, then the first index inside that chunk: the same answer."""
+        n, c = probs.shape[0], self._chunk
+        if not c:
+            return torch.max(probs, -1, out=(value, index))
+        chunk_max, chunk = self._chunk_max[:n], self._chunk_index[:n]
+        torch.amax(probs.view(n, -1, c), -1, out=chunk_max)
+        torch.max(chunk_max, -1, out=(value, chunk))
+        cols, within = self._chunk_cols[:n], self._within[:n]
+        torch.add(self._chunk_arange, chunk[:, None], alpha=c, out=cols)
+        vals = torch.gather(probs, 1, cols, out=self._chunk_vals[:n])
+        torch.max(vals, -1, out=(self._within_max[:n], within))
+        torch.add(within, chunk, alpha=c, out=index)
+        return value, index
+
+    def _top_candidates(self, n: int) -> None:
+        """The last ``_predict``'s top-k tokens per position and their probabilities into ``_cand_tokens`` /
+        ``_cand_probs``, the most probable first and the first column the prediction itself (a tie with it keeps its
+        probability). Where ``_first_max`` chunks the vocabulary, from its chunk maxima: the k best tokens lie in the
+        k chunks with the highest maxima, so only those k x width probabilities are ranked."""
+        probs, k, c = self._probs[:n], self.candidates, self._chunk
+        tokens, values = self._cand_tokens[:n], self._cand_probs[:n]
+        if not c:
+            torch.topk(probs, k, -1, out=(values, tokens))
+        else:
+            top = self._top_chunks[:n]
+            torch.topk(self._chunk_max[:n], top.shape[1], -1, out=(self._top_chunk_vals[:n], top))
+            cols = self._top_cols[:n]
+            torch.add(self._chunk_arange, top[:, :, None], alpha=c, out=cols)
+            cols = cols.view(n, -1)
+            vals = torch.gather(probs, 1, cols, out=self._top_vals[:n])
+            at = self._top_at[:n]
+            torch.topk(vals, k, -1, out=(values, at))
+            torch.gather(cols, 1, at, out=tokens)
+        pred = self._step_pred[:n, None]
+        tokens.copy_(torch.where(tokens == pred, tokens[:, :1], tokens))  # a tie listed elsewhere swaps with it
+        tokens[:, :1].copy_(pred)
+
+    def _keep_candidates(self, n: int, select: torch.Tensor) -> None:
+        """After a step: its candidates, and for the positions it fixes (``select``) the chosen ones."""
+        self._top_candidates(n)
+        fix = select[:, None]
+        self._chosen_tokens[:n].copy_(torch.where(fix, self._cand_tokens[:n], self._chosen_tokens[:n]))
+        self._chosen_probs[:n].copy_(torch.where(fix, self._cand_probs[:n], self._chosen_probs[:n]))
+        self._fixed_here[:n].logical_or_(select)
 
     # -- one block (the block loop's interface) -----------------------------------------------------------------------
     def set_unmask(self, schedule: str, steps: int, threshold: float) -> None:
@@ -246,6 +381,19 @@ class GraphRunner:
         masked = self._masked[:n]
         return torch.where(masked, self._pred[:n], self._block[:n]), torch.where(masked, self._prob[:n], self._conf[:n])
 
+    def block_candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The started block's candidates (runner made with ``candidates`` k > 0): per position the k most probable
+        tokens (n, k) long and their probabilities (n, k) float32, the most probable first, from the step that fixed
+        the position; a position no step of the block fixed (a leftover mask, or an anchor of ``start_block``'s
+        ``tokens``) takes the last step's, as ``finish_block`` does for its token. Column 0 is the token the step
+        predicted there: the one ``finish_block`` answers, but at an anchor. On the device."""
+        if not self.candidates:
+            raise RuntimeError("block_candidates needs a runner made with candidates > 0")
+        n = self._n
+        fixed = self._fixed_here[:n, None]
+        return (torch.where(fixed, self._chosen_tokens[:n], self._cand_tokens[:n]),
+                torch.where(fixed, self._chosen_probs[:n], self._cand_probs[:n]))
+
     @torch.inference_mode()
     def fill(self, clean: torch.Tensor | None, offset: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The anytime answer's rest: one eager forward that commits the finished block ``clean`` and predicts
@@ -256,11 +404,17 @@ class GraphRunner:
         masks = torch.full((count,), self.mask_id, dtype=torch.long, device=engine.device)
         tokens = torch.cat([clean, masks]) if n_clean else masks
         engine.plan(count + n_clean, n_clean, eager=True)
-        logits = engine.run_planned(tokens, n_clean)
+        logits = engine.run_planned(tokens, n_clean, out=self._logits[:count] if count <= self.max_block else None)
         engine.length += n_clean
         engine.forward_calls += 1
-        p, pred = self._predict(logits, self._forbidden[offset:offset + count] if self.constrained else None)
-        return pred, p
+        preds, probs = [], []
+        for a in range(0, count, self.max_block):  # the step's prediction, max_block rows at a time
+            rows = logits[a:a + self.max_block]
+            refused = self._forbidden[offset + a:offset + a + rows.shape[0]] if self.constrained else None
+            p, pred = self._predict(rows, refused)
+            preds.append(pred.clone())
+            probs.append(p.clone())
+        return torch.cat(preds), torch.cat(probs)
 
     # -- AR (the AR loop's interface) ---------------------------------------------------------------------------------
     def start_ar(self, token: torch.Tensor, confidence: torch.Tensor) -> None:
@@ -285,8 +439,8 @@ class GraphRunner:
         return self._ar_tokens[:count], self._ar_conf[:count]
 
     def _ar_step(self) -> torch.Tensor:
-        logits = self.engine.run_planned(self._ar_token, 0)
-        p, token = torch.softmax(logits.float(), dim=-1).max(-1)
+        logits = self.engine.run_planned(self._ar_token, 0, out=self._logits[:1])
+        p, token = self._predict(logits, None, no_mask=False)
         self._ar_token.copy_(token)
         self._ar_tokens.index_copy_(0, self._ar_index, token)
         self._ar_conf.index_copy_(0, self._ar_index, p)
