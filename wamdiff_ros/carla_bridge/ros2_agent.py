@@ -15,6 +15,30 @@ the adapter listens to. Bench2Drive 0.0.4's ROS path turns a sensor's roll / pit
 as if they were radians, and the bridge reads the quaternion back in degrees; a non-zero angle is therefore given
 here in radians so that the sensor is mounted at the intended angle in degrees.
 
+**Tick contract.** Bench2Drive (0.0.4, ``ros_base_agent.py``) takes the controls in a one-slot ``queue.Queue(1)``:
+its subscription callback drops, with a warning, a control whose stamp is not the world's current
+``elapsed_seconds`` (within 1 ms) and puts the others with ``put_nowait`` (a full queue drops the new one);
+``run_step`` takes one with a 1 s wait and warns when its stamp is not the tick's.
+``agent_wrapper.ROSAgentWrapper.setup_sensors`` ticks the world once with no ``run_step`` after it. The ROS side
+cannot tell that tick from the next (same topics, same messages) and answers it; its control then sat in the queue,
+the next tick's control was dropped as "queue full", and every ``run_step`` returned the previous tick's control for
+the whole route. Fixed here, the one place that knows which ticks a ``run_step`` reads:
+
+- the queue ``run_step`` and the callback share is a ``TickControlSlot`` (the ``_control_queue`` property: Bench2Drive's
+  own assignment in ``ROSBaseAgent.__init__`` installs it, before ``ROS2Agent.__init__`` subscribes): a newer tick's
+  control replaces an older one that no ``run_step`` took, and ``get`` returns only the control stamped with the
+  world's current tick (an older one is dropped), waiting for it up to Bench2Drive's 1 s;
+- the control callback is this class's: one read of the world's tick per control; a control for an earlier tick
+  (the ``setup_sensors`` tick's when the first tick came before it, or one past its ``run_step``'s 1 s) is dropped
+  and counted (``late``) -- nothing waits for it, so Bench2Drive's "will be ignored" warning would only be noise --
+  the tick's own goes into the slot as ``carla.VehicleControl``, as Bench2Drive's callback builds it.
+- ``run_step`` stays Bench2Drive's: its 1 s wait and its stamp warning, which now fires only for a tick whose control
+  did not come within 1 s.
+
+So each ``run_step`` returns exactly its tick's control, whichever tick came before it and in whatever order the
+bridge's messages arrived; a tick no ``run_step`` reads costs nothing. (The ROS side still answers each tick once,
+stamped with it, from that tick's sensors: ``ros/bridge/bench2drive_adapter.py``.)
+
 Leaderboard use: ``--agent=<repo>/wamdiff_ros/carla_bridge/ros2_agent.py`` with the package built in a sourced ROS 2
 workspace (``colcon build``) and carla-ros-bridge's leaderboard-2.0 branch next to it.
 """
@@ -23,8 +47,11 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import sys
-from typing import Any, Dict, List
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:
     import wamdiff_ros  # noqa: F401
@@ -34,12 +61,82 @@ except ImportError:  # loaded by file path without the repository on PYTHONPATH
 from wamdiff_ros.carla_bridge.agent import AgentConfig  # noqa: E402
 from wamdiff_ros.carla_bridge.frames import camera_pitch_carla  # noqa: E402
 
-# Bench2Drive's classes (the tests stand them in: test/bench2drive_stand_in.py)
+# Bench2Drive's classes and its scenario runner's world (the tests stand them in: test/bench2drive_stand_in.py)
 from leaderboard.autoagents.autonomous_agent import Track  # noqa: E402
 from leaderboard.autoagents.ros2_agent import ROS2Agent  # noqa: E402
+from srunner.scenariomanager.carla_data_provider import CarlaDataProvider  # noqa: E402
 
 PACKAGE, LAUNCH_FILE = "wamdiff_ros", "bench2drive.launch.py"
 CAMERA_ID, IMU_ID, GNSS_ID, SPEED_ID = "rgb_front", "imu", "gnss", "speed"  # the adapter's defaults
+EPSILON = 0.001  # s: Bench2Drive's stamp tolerance (ros_base_agent.EPSILON)
+
+
+def world_tick_seconds() -> float:
+    """The world's current tick, as Bench2Drive's callback and ``run_step`` read it (the snapshot, not GameTime)."""
+    return CarlaDataProvider.get_world().get_snapshot().timestamp.elapsed_seconds
+
+
+class TickControlSlot(object):
+    """Bench2Drive's control queue held to the tick contract (the queue interface its callback and ``run_step``
+    use: ``put_nowait``, ``get``). Items are ``(stamp_s, control)``.
+
+    - ``put_nowait``: a control for a newer tick replaces the held one (a tick no ``run_step`` took: counted in
+      ``replaced``); one for the held tick or an older one raises ``queue.Full``.
+    - ``get(block, timeout)``: the held control if it is stamped with the world's current tick (``tick_seconds()``,
+      within ``EPSILON``); an older one is dropped (``dropped``) and it waits, up to ``timeout``, for the tick's own;
+      ``queue.Empty`` when none comes.
+    """
+
+    def __init__(self, tick_seconds: Callable[[], float] = world_tick_seconds) -> None:
+        self._tick_seconds = tick_seconds
+        self._cond = threading.Condition()
+        self._item: Optional[Tuple[float, Any]] = None
+        self.replaced = 0  # held controls of ticks no run_step took, replaced by a newer tick's
+        self.dropped = 0  # held controls older than the tick a run_step asked for
+        self.late = 0  # controls for a tick already past when they came (WamDiffROS2Agent's callback)
+        self.repeated = 0  # a second control for the held tick (the first stands)
+
+    def put_nowait(self, item: Tuple[float, Any]) -> None:
+        with self._cond:
+            if self._item is not None:
+                if item[0] <= self._item[0] + EPSILON:
+                    raise queue.Full
+                self.replaced += 1
+            self._item = item
+            self._cond.notify_all()
+
+    def put(self, item: Tuple[float, Any], block: bool = True, timeout: Optional[float] = None) -> None:
+        self.put_nowait(item)
+
+    def get(self, block: bool = True, timeout: Optional[float] = None) -> Tuple[float, Any]:
+        tick = self._tick_seconds()  # fixed while run_step waits: the world ticks only after it returns
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._item is not None:
+                    if abs(self._item[0] - tick) <= EPSILON:
+                        item, self._item = self._item, None
+                        return item
+                    if self._item[0] < tick:
+                        self._item = None
+                        self.dropped += 1
+                left = None if end is None else end - time.monotonic()
+                if not block or (left is not None and left <= 0):
+                    raise queue.Empty
+                self._cond.wait(left)
+
+    def get_nowait(self) -> Tuple[float, Any]:
+        return self.get(False)
+
+    def qsize(self) -> int:
+        with self._cond:
+            return int(self._item is not None)
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
+
+    def full(self) -> bool:
+        return self.qsize() == 1
 
 
 def get_entry_point() -> str:
@@ -47,6 +144,41 @@ def get_entry_point() -> str:
 
 
 class WamDiffROS2Agent(ROS2Agent):
+    @property
+    def _control_queue(self) -> TickControlSlot:
+        """Bench2Drive's control queue: a ``TickControlSlot`` (module docstring: the tick contract)."""
+        slot = self.__dict__.get("_wamdiff_control_slot")
+        if slot is None:
+            slot = self.__dict__["_wamdiff_control_slot"] = TickControlSlot()
+        return slot
+
+    @_control_queue.setter
+    def _control_queue(self, bench2drive_queue: Any) -> None:
+        # ROSBaseAgent.__init__ assigns queue.Queue(1) before ROS2Agent.__init__ subscribes: the slot takes its place
+        self.__dict__["_wamdiff_control_slot"] = TickControlSlot()
+
+    def _vehicle_control_cmd_callback(self, msg: Any) -> None:
+        """Bench2Drive's control subscription (``ROS2Agent.__init__`` subscribes this method): the tick's control
+        into the slot; an earlier tick's dropped and counted (module docstring)."""
+        import carla  # Bench2Drive's interpreter has it; the module itself imports without it
+
+        slot = self._control_queue
+        stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+        tick = world_tick_seconds()
+        if stamp < tick - EPSILON:
+            slot.late += 1
+            return
+        if stamp > tick + EPSILON:  # never from the package's control node (it stamps each control with its tick)
+            print("WARNING: a vehicle command stamped {} is ahead of the world's tick {}; ignored".format(stamp, tick))
+            return
+        control = carla.VehicleControl(steer=msg.steer, throttle=msg.throttle, brake=msg.brake,
+                                       hand_brake=msg.hand_brake, reverse=msg.reverse,
+                                       manual_gear_shift=msg.manual_gear_shift, gear=msg.gear)
+        try:
+            slot.put_nowait((stamp, control))
+        except queue.Full:
+            slot.repeated += 1
+
     def setup(self, path_to_conf_file: str) -> None:
         self.track = Track.SENSORS
 
