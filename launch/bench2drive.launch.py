@@ -5,10 +5,12 @@ publishes for the ROS2Agent's sensors and on the adapter's) and the Bench2Drive 
 
     /carla/hero/rgb_front/image ─► wamdiff_planner ─► ~/output/plan ─► wamdiff_carla_control
         ─► /carla/hero/vehicle_control_cmd (one per odometry message, i.e. per tick)
-    /carla/hero/{gnss,imu,speed}, /clock ─► wamdiff_bench2drive_adapter ─► /carla/hero/odometry (one per tick)
+    /carla/hero/{gnss,imu,speed} ─► wamdiff_bench2drive_adapter ─► /carla/hero/odometry (one per tick: when its
+        three messages, by stamp, are in -- in whatever order they and /clock come)
     /carla/hero/global_plan{,_gnss} ─► adapter ─► command, route ─► wamdiff_planner;  adapter ─► /carla/hero/status
 
-Everything runs on sim time (``/clock``, published by the bridge once per tick).
+Everything runs on sim time (``/clock``, published by the bridge once per tick). The setup tick Bench2Drive runs no
+``run_step`` for is answered like any other; ``WamDiffROS2Agent`` keeps its control from blocking the next.
 """
 
 import os
