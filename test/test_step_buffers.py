@@ -16,7 +16,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.bench.fixture import VOCAB_ROWS, write_fixture
 from wamdiff_ros.decoding.ar import decode_ar, decode_ar_host
 from wamdiff_ros.decoding.block import decode_blocks
-from wamdiff_ros.decoding.engine import DecoderEngine
+from wamdiff_ros.decoding.engine import DecoderEngine, _linear_into
 from wamdiff_ros.decoding.graphs import GraphRunner
 from wamdiff_ros.decoding.host import CachedBackend, decode_blocks_host
 from wamdiff_ros.decoding.settings import DecodeSettings
@@ -223,3 +223,29 @@ def test_candidates_are_the_top_k_of_the_step_that_fixed_each_token(road_image, 
         assert torch.equal(probs[left, 0], conf_per_step[-1][left])
     with pytest.raises(RuntimeError, match="candidates > 0"):
         GraphRunner(engine, bundle.mask_token_id, max_block=16).block_candidates()
+
+
+def test_the_lm_head_into_a_buffer_is_f_linear_bit_for_bit(wam_bundle):
+    """``run_planned(out=)``'s LM head: on the CPU 8192 vocabulary columns per matmul, written in place; the same
+    logits as ``F.linear`` for any number of rows (the AR step's one included)."""
+    head = wam_bundle.model.lm_head
+    gen = torch.Generator().manual_seed(1)
+    for n in (1, 2, 3, 5, 17, 32):
+        x = torch.randn(n, head.weight.shape[1], generator=gen)
+        out = torch.full((32, head.weight.shape[0]), float("nan"))
+        with torch.inference_mode():
+            got = _linear_into(out[:n], x, head)
+            want = torch.nn.functional.linear(x, head.weight, head.bias)
+        assert got.data_ptr() == out.data_ptr() and torch.equal(got, want), n
+
+
+def test_the_prefill_computes_logits_for_the_last_position_only(wam_bundle, road_image):
+    bundle = wam_bundle
+    prompt = _prompt(bundle, road_image)
+    rows = []
+    hook = bundle.model.lm_head.register_forward_hook(lambda module, args, out: rows.append(out.shape[:-1]))
+    try:
+        logits = DecoderEngine(bundle.model, 1024).prefill(prompt, bundle.meta.prompt_block_size)
+    finally:
+        hook.remove()
+    assert prompt.length > 100 and rows == [torch.Size([1, 1])] and logits.shape == (VOCAB_ROWS,)

@@ -29,6 +29,7 @@ from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step, unmask_confi
 
 WARMUP_RUNS = 2  # eager runs on a side stream before capture: lazy initialisation stays out of the graph
 CHUNKS = (256, 128, 64, 32, 16, 8)  # the first-argmax's chunk width: the widest that divides the vocabulary
+CPU_SOFTMAX_ROWS = 4  # on the CPU the softmax and the chunk maxima go this many rows at a time (still in cache)
 
 
 class GraphRunner:
@@ -253,7 +254,7 @@ class GraphRunner:
             if no_mask:
                 torch.index_select(logits, 1, self._no_mask, out=self._saved[:n])
                 logits.index_fill_(1, self._no_mask, float("-inf"))
-            torch._softmax(logits, -1, False, out=probs)
+            self._softmax(logits, probs)
             if no_mask:
                 logits.index_copy_(1, self._no_mask, self._saved[:n])
         else:
@@ -268,20 +269,32 @@ class GraphRunner:
                 scores.copy_(logits)
                 if no_mask:
                     scores.index_fill_(1, self._no_mask, float("-inf"))
-            torch._softmax(scores, -1, False, out=probs)
+            self._softmax(scores, probs)
         return self._first_max(probs, self._step_prob[:n], self._step_pred[:n])
+
+    def _softmax(self, scores: torch.Tensor, probs: torch.Tensor) -> None:
+        """``probs`` = softmax(``scores``) over the vocabulary (``torch.softmax``'s kernel and bits) and, where
+        ``_first_max`` chunks the vocabulary, each chunk's maximum into ``_chunk_max``. On the CPU
+        ``CPU_SOFTMAX_ROWS`` rows at a time, so the chunk maxima read probabilities still in cache (each row's
+        softmax is its own: the same bits); elsewhere all rows at once."""
+        n, c = scores.shape[0], self._chunk
+        rows = CPU_SOFTMAX_ROWS if probs.device.type == "cpu" else n
+        for a in range(0, n, rows):
+            b = min(a + rows, n)
+            torch._softmax(scores[a:b], -1, False, out=probs[a:b])
+            if c:
+                torch.amax(probs[a:b].view(b - a, -1, c), -1, out=self._chunk_max[a:b])
 
     def _first_max(self, probs: torch.Tensor, value: torch.Tensor,
                    index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``probs.max(-1)`` into ``value`` / ``index``: the maximum and its first index, as ``torch.max`` gives
         them. On the CPU ``max`` with indices is a scalar loop (about 5x a vectorised ``amax`` over a real
-        vocabulary), so where a chunk width divides V it is each chunk's ``amax``, the first chunk holding the row's
-        maximum, then the first index inside that chunk: the same answer."""
+        vocabulary), so where a chunk width divides V it is each chunk's ``amax`` (``_softmax`` took them), the
+        first chunk holding the row's maximum, then the first index inside that chunk: the same answer."""
         n, c = probs.shape[0], self._chunk
         if not c:
             return torch.max(probs, -1, out=(value, index))
         chunk_max, chunk = self._chunk_max[:n], self._chunk_index[:n]
-        torch.amax(probs.view(n, -1, c), -1, out=chunk_max)
         torch.max(chunk_max, -1, out=(value, chunk))
         cols, within = self._chunk_cols[:n], self._within[:n]
         torch.add(self._chunk_arange, chunk[:, None], alpha=c, out=cols)
