@@ -576,7 +576,8 @@ def _drive_routes(contract, capsys, runs: int, ticks: int, fixed: bool = True, s
     """``runs`` routes x both orders x ``ticks`` ticks, each route as Bench2Drive runs it: a new agent, the route
     published, the ``setup_sensors`` tick (no run_step), a pause of ``setup_gap_s`` (from 0: the first tick comes
     before that tick's control, to 150 ms: long after it), then per tick ``world.tick()`` (taking ``compute_s``), the
-    scenario manager's work before the agent's call (``agent_delay_s``) and ``run_step``. Returns the counts (printed)."""
+    scenario manager's work before the agent's call (``agent_delay_s``) and ``run_step``. Returns the counts
+    (printed)."""
     module, world, adapter, control, state = contract
     rng = np.random.default_rng(1)
     counts = {"ticks": 0, "wrong_tick": 0, "b2d_stamp_warnings": 0, "b2d_warnings": 0, "first_tick_s_max": 0.0,

@@ -16,7 +16,6 @@ import importlib.util
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys

@@ -1,5 +1,5 @@
-"""Bench2Drive's ROS 2 agent path: a ``ROS2Agent`` whose ROS graph is this package's (stdlib only, Python 3.7
-syntax: Bench2Drive imports it in CARLA 0.9.15's Python).
+"""Bench2Drive's ROS 2 agent path: a ``ROS2Agent`` whose ROS graph is this package's (stdlib and Bench2Drive's own
+modules only -- ``carla`` when a control comes --, Python 3.7 syntax: Bench2Drive imports it in CARLA 0.9.15's Python).
 
 Bench2Drive (``leaderboard/autoagents/ros2_agent.py``) starts carla-ros-bridge (passive, synchronous), then runs
 ``ros2 launch <package> <launch_file> key:=value ...`` from ``get_ros_entrypoint()`` -- here

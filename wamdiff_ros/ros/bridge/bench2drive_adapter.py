@@ -20,8 +20,8 @@ This process runs two nodes:
   gives none: when ``/clock`` came first, odometry triggered by it was built from the previous tick's sensors). A
   tick whose messages never all come is dropped once a newer tick is complete (counted: ``incomplete_ticks``); a
   message of a tick already answered is ignored (``late_messages``); a new route, or stamps more than 1 s back,
-  start over (a new route restarts the simulation clock). An unusable reading (a NaN fix) counts as the tick's and the last good one
-  is used. Frame ``map``: carla-ros-bridge's right-handed map frame (x east, y = -CARLA y, yaw
+  start over (a new route restarts the simulation clock). An unusable reading (a NaN fix) counts as the tick's and
+  the last good one is used. Frame ``map``: carla-ros-bridge's right-handed map frame (x east, y = -CARLA y, yaw
   counter-clockwise), which is ``carla_bridge/frames.py``'s world frame. GNSS fixes are projected with the thin
   agent's ``GeoProjection``: around the GNSS route's first point and shifted onto the route's first pose, as the thin
   agent does; Bench2Drive 0.0.4 publishes ``global_plan_gnss`` without coordinates, so then around the first fix,
