@@ -12,6 +12,7 @@ VENV=$(cd "$1" && pwd)
 BUILD=${2:-build/test_interfaces}
 PY_DIR=lib/wamdiff_test_interfaces
 if [ -f "$VENV/share/carla_msgs/srv/SpawnObject.srv" ]; then  # the real one (the stand-in has no services)
+  echo "the real carla_msgs is installed in $VENV: the test-only stand-in (test/interfaces) is not built"
   rm -rf "$VENV/$PY_DIR"
   exit 0
 fi

@@ -354,10 +354,11 @@ def test_readme_launch_line_runs_verbatim(line, tmp_path):
         plan = feeder.plan()
         assert plan is not None, f"no plan for frames on {topics}\n{launched.log.read_text()[-4000:]}"
         if params:
-            assert plan.block_size == 16 and "16" in launched.ros2("param", "get", NODE, "block_size")
+            out = launched.ros2("param", "get", NODE, "block_size", "--timeout", "20")
+            assert plan.block_size == 16 and "Integer value is: 16" in out, out
         else:
             assert plan.block_size == 32
-            out = launched.ros2("param", "set", NODE, "block_size", "8")
+            out = launched.ros2("param", "set", NODE, "block_size", "8", "--timeout", "20")  # discovery: 20 s
             assert "Set parameter successful" in out, out
             feeder.plans.clear()
             plan = feeder.plan()
