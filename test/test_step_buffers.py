@@ -28,7 +28,7 @@ from wamdiff_ros.planner import Planner
 class TodaysRunner(GraphRunner):
     """The runner with df7de97's prediction: per step a masked copy of the logits and a softmax over it."""
 
-    def _predict(self, logits, refused, no_mask=True):
+    def _predict(self, logits, refused, no_mask=True, rows=None):
         if refused is not None:
             scores = logits.masked_fill(refused, float("-inf"))
         elif no_mask:
@@ -128,6 +128,11 @@ def test_predictions_equal_the_softmax_max_bit_for_bit_with_ties(wam_bundle):
                 logits = x.clone()
                 p, pred = runner._predict(logits, **kwargs)
                 assert torch.equal(p, want.values) and torch.equal(pred, want.indices), trial
+                some = torch.randperm(n, generator=gen)[: max(1, n // 3)].sort().values.tolist()
+                runner._probs.zero_()  # only the rows asked for are computed
+                p, pred = runner._predict(x.clone(), **kwargs, rows=some)
+                assert torch.equal(p[some], want.values[some]) and torch.equal(pred[some], want.indices[some])
+                runner._predict(x.clone(), **kwargs)
                 assert torch.equal(logits, x)  # the logits keep their values ([MASK] column put back)
                 softmax = torch.softmax(masked, -1)
                 runner._top_candidates(n)

@@ -202,7 +202,7 @@ class GraphRunner:
         block, masked = self._block[:n], self._masked[:n]
         tokens = torch.cat([self._clean[:n_clean], block]) if n_clean else block
         logits = self.engine.run_planned(tokens, n_clean, out=self._logits[:n])
-        p, pred = self._predict(logits, self._blocked[:n] if self.constrained else None)
+        p, pred = self._predict(logits, self._blocked[:n] if self.constrained else None, rows=self._open_rows(n))
         if schedule == "static":
             select = unmask_top_k(p, masked, self._k.index_select(0, self._step_index))
         else:
@@ -213,6 +213,7 @@ class GraphRunner:
         self._prob[:n].copy_(p)
         if self.candidates:
             self._keep_candidates(n, select)
+        self._fixed_here[:n].logical_or_(select)
         masked.copy_(masked & ~select)
         self._step_index.add_(1)
         return logits
@@ -237,11 +238,21 @@ class GraphRunner:
             self._scores = torch.zeros_like(self._probs)
         return self._scores
 
-    def _predict(self, logits: torch.Tensor, refused: torch.Tensor | None,
-                 no_mask: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def _open_rows(self, n: int) -> list[int] | None:
+        """On the CPU, the block positions a step must predict: those no step of this block fixed yet (the masks,
+        and the anchors of ``start_block``'s ``tokens``, whose candidates are the last step's); a fixed position's
+        prediction is read by nothing. A host sync, free on the CPU; None (every row, no sync) elsewhere, where the
+        step is what a CUDA Graph captures."""
+        if self.engine.device.type != "cpu":
+            return None
+        return torch.nonzero(~self._fixed_here[:n]).view(-1).tolist()
+
+    def _predict(self, logits: torch.Tensor, refused: torch.Tensor | None, no_mask: bool = True,
+                 rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each position's most probable token and its probability, with the grammar's ``refused`` (n, V) tokens
         out, or without a grammar [MASK] out (the grammar never allows it; ``no_mask`` False: nothing out, the AR
-        step); ``logits`` (n, V), n <= max_block, keep their values.
+        step); ``logits`` (n, V), n <= max_block, keep their values. ``rows``: only these rows' softmax (the others
+        keep what they were); each row's is its own, so the same bits either way.
 
         Everything of size n x V lives in the runner's static buffers: the exclusion is applied in place (the [MASK]
         column of ``logits`` set to -inf and put back after; the grammar written into the scores buffer by one
@@ -250,40 +261,52 @@ class GraphRunner:
         the same ops are what a CUDA Graph captures. Returns views of ``_step_prob`` / ``_step_pred``."""
         n = logits.shape[0]
         probs = self._probs[:n]
+        spans = self._spans(n, rows)
         if refused is None and logits.dtype == torch.float32:
             if no_mask:
                 torch.index_select(logits, 1, self._no_mask, out=self._saved[:n])
                 logits.index_fill_(1, self._no_mask, float("-inf"))
-            self._softmax(logits, probs)
+            for a, b in spans:
+                self._softmax(logits[a:b], a)
             if no_mask:
                 logits.index_copy_(1, self._no_mask, self._saved[:n])
         else:
-            scores = self._scratch()[:n]
-            if refused is not None:
-                if logits.dtype == torch.float32:
-                    torch.where(refused, self._neg_inf, logits, out=scores)
+            for a, b in spans:
+                scores = self._scratch()[a:b]
+                if refused is not None:
+                    if logits.dtype == torch.float32:
+                        torch.where(refused[a:b], self._neg_inf, logits[a:b], out=scores)
+                    else:
+                        scores.copy_(logits[a:b])
+                        scores.masked_fill_(refused[a:b], float("-inf"))
                 else:
-                    scores.copy_(logits)
-                    scores.masked_fill_(refused, float("-inf"))
-            else:
-                scores.copy_(logits)
-                if no_mask:
-                    scores.index_fill_(1, self._no_mask, float("-inf"))
-            self._softmax(scores, probs)
+                    scores.copy_(logits[a:b])
+                    if no_mask:
+                        scores.index_fill_(1, self._no_mask, float("-inf"))
+                self._softmax(scores, a)
         return self._first_max(probs, self._step_prob[:n], self._step_pred[:n])
 
-    def _softmax(self, scores: torch.Tensor, probs: torch.Tensor) -> None:
-        """``probs`` = softmax(``scores``) over the vocabulary (``torch.softmax``'s kernel and bits) and, where
-        ``_first_max`` chunks the vocabulary, each chunk's maximum into ``_chunk_max``. On the CPU
-        ``CPU_SOFTMAX_ROWS`` rows at a time, so the chunk maxima read probabilities still in cache (each row's
-        softmax is its own: the same bits); elsewhere all rows at once."""
-        n, c = scores.shape[0], self._chunk
-        rows = CPU_SOFTMAX_ROWS if probs.device.type == "cpu" else n
-        for a in range(0, n, rows):
-            b = min(a + rows, n)
-            torch._softmax(scores[a:b], -1, False, out=probs[a:b])
-            if c:
-                torch.amax(probs[a:b].view(b - a, -1, c), -1, out=self._chunk_max[a:b])
+    def _spans(self, n: int, rows: list[int] | None) -> list[tuple[int, int]]:
+        """The row ranges ``_predict`` works in: on the CPU at most ``CPU_SOFTMAX_ROWS`` rows each (of ``rows``, or
+        all), so a range's probabilities are still in cache when its chunk maxima read them; elsewhere all at once."""
+        if self._probs.device.type != "cpu":
+            return [(0, n)]
+        spans: list[tuple[int, int]] = []
+        for r in range(n) if rows is None else rows:
+            if spans and spans[-1][1] == r and r - spans[-1][0] < CPU_SOFTMAX_ROWS:
+                spans[-1] = (spans[-1][0], r + 1)
+            else:
+                spans.append((r, r + 1))
+        return spans
+
+    def _softmax(self, scores: torch.Tensor, first: int) -> None:
+        """Rows ``first``... of ``_probs`` = softmax(``scores``) over the vocabulary (``torch.softmax``'s kernel
+        and bits) and, where ``_first_max`` chunks the vocabulary, each chunk's maximum into ``_chunk_max``."""
+        rows, c = scores.shape[0], self._chunk
+        probs = self._probs[first:first + rows]
+        torch._softmax(scores, -1, False, out=probs)
+        if c:
+            torch.amax(probs.view(rows, -1, c), -1, out=self._chunk_max[first:first + rows])
 
     def _first_max(self, probs: torch.Tensor, value: torch.Tensor,
                    index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -332,7 +355,6 @@ class GraphRunner:
         fix = select[:, None]
         self._chosen_tokens[:n].copy_(torch.where(fix, self._cand_tokens[:n], self._chosen_tokens[:n]))
         self._chosen_probs[:n].copy_(torch.where(fix, self._cand_probs[:n], self._chosen_probs[:n]))
-        self._fixed_here[:n].logical_or_(select)
 
     # -- one block (the block loop's interface) -----------------------------------------------------------------------
     def set_unmask(self, schedule: str, steps: int, threshold: float) -> None:
