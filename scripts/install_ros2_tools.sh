@@ -24,8 +24,9 @@ ARCHIVES="launch-3.7.1.tar.gz launch_ros.tar.gz ros2cli.tar.gz rosidl_runtime_py
 missing=""
 for a in $ARCHIVES; do [ -f "$VENDOR/$a" ] || missing="$missing $a"; done
 if [ ! -d "$VENDOR" ] || [ -n "$missing" ]; then
-  echo "no ROS 2 tools at $VENDOR${missing:+ (missing:$missing)}: ros2 launch, the ros2 CLI and carla_msgs are not" \
-    "installed into $VENV (a ROS install has them); the launch tests skip, the Bench2Drive tests use the stand-in"
+  [ -d "$VENDOR" ] && where="$VENDOR lacks$missing" || where="no folder $VENDOR"
+  echo "ROS 2 tools not installed ($where): ros2 launch, the ros2 CLI and carla_msgs are not added to $VENV (a ROS" \
+    "install has them); the launch tests skip, the Bench2Drive tests use the test-only carla_msgs"
   exit 0
 fi
 VENDOR=$(cd "$VENDOR" && pwd)

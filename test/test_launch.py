@@ -108,7 +108,8 @@ def test_fastdds_profile_enlarges_the_shared_memory_segment():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("launch") is None or importlib.util.find_spec("launch_ros") is None,
-                    reason="ROS 2 launch is not installed (not on PyPI)")
+                    reason="ROS 2 launch is not installed (not on PyPI: make setup installs it from "
+                           "../shared/vendor/ros2 where it exists; a ROS install has it)")
 @pytest.mark.parametrize("path", LAUNCH_FILES, ids=lambda p: p.name)
 def test_launch_description_builds(path, monkeypatch):
     monkeypatch.setenv("AMENT_PREFIX_PATH", launch_environment()["AMENT_PREFIX_PATH"])  # as README's set-up line
