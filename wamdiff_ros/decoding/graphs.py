@@ -15,7 +15,9 @@ The unmask rules are ``unmask.py``'s, and the plan grammar, where it is a produc
 (``grammar_mask.py``), is an allowed-token mask applied to the logits inside the step (``set_grammar``; the block's
 rows are copied into a static buffer once per block). Shapes that were not captured (a short last block), and
 everything on a machine without CUDA, run the very same step functions eagerly, the attention then planned on the
-engine's eager backend: on the CPU this path computes what the host loop does, token for token.
+engine's eager backend: on the CPU this path computes what the host loop does, token for token. Eagerly on the CPU a
+step also skips the softmax of the positions its block already fixed (``_open_rows``: a host look, free there),
+and runs the LM head and the softmax in cache-sized pieces; each row is computed as before, so the same bits.
 """
 
 from __future__ import annotations
