@@ -23,6 +23,10 @@ PLANNER_OUTPUT_FIELDS = {
     "reason": "string",
     "fallback": "boolean",
     "anytime": "boolean",
+    "edited": "boolean",
+    "edited_waypoints": "sequence<uint8>",
+    "draft_stepped_back": "boolean",
+    "implausible": "string",
     "block_size": "uint16",
     "denoise_steps": "uint16",
     "forward_calls": "uint16",
@@ -30,6 +34,8 @@ PLANNER_OUTPUT_FIELDS = {
     "vision_ms": "float",
     "prefill_ms": "float",
     "decode_ms": "float",
+    "reflect_rounds": "uint16",
+    "reflect_forwards": "uint16",
 }
 
 

@@ -45,6 +45,20 @@ def test_search_takes_the_most_probable_candidate_that_passes():
         char_tokens("25")
 
 
+def test_search_changes_the_most_significant_character_first():
+    """x = 27.85 should be 37.85: the tens digit's second candidate is unlikely (0.05), while the decimals' are nearly
+    even. Ranked, the tens digit is tried before the decimals' many combinations use up the trials."""
+    tokens = char_tokens("2785")
+    digits = [ord(c) for c in "0123456789"]
+    cand_t = [[ord("2"), ord("3")] + [d for d in digits if d not in (ord("2"), ord("3"))]] + \
+        [[t] + [d for d in digits if d != t] for t in tokens[1:]]
+    cand_p = [[0.9, 0.05] + [0.05 / 8] * 8, [0.95] + [0.05 / 9] * 9] + [[0.12] + [0.88 / 9] * 9] * 2
+    wanted = lambda t: t[0] == ord("3")  # noqa: E731
+    assert search(tokens, [0, 1, 2, 3], cand_t, cand_p, wanted, ranks=[0, 1, 2, 3], max_trials=20) == \
+        char_tokens("3785")
+    assert search(tokens, [0, 1, 2, 3], cand_t, cand_p, wanted, max_trials=20) is None  # unranked: the decimals
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return Planner.from_pretrained("tiny-random")
@@ -79,7 +93,7 @@ class Crafted:
         return out
 
 
-def crafted_runner(tiny, answer: str, second: dict[int, int], settings: DecodeSettings):
+def crafted_runner(tiny, answer: str, second: dict[int, int], settings: DecodeSettings, p2: float = 0.35):
     bundle = tiny.bundle
     vocab = bundle.model.get_output_embeddings().weight.shape[0]
     ids = [bundle.tokenizer.convert_tokens_to_ids(c) for c in answer] + [bundle.eos_token_id]
@@ -88,7 +102,7 @@ def crafted_runner(tiny, answer: str, second: dict[int, int], settings: DecodeSe
     runner = GraphRunner(engine, bundle.mask_token_id, max_block=settings.block_size, check_every=1,
                          use_graphs=False, candidates=4)
     runner.set_grammar(tiny._grammar)
-    source = Crafted(engine, vocab, ids, second)
+    source = Crafted(engine, vocab, ids, second, p2=p2)
     engine.run_planned = source
     engine.plan = lambda *a, **k: None  # nothing to plan: the source needs no attention metadata
     return runner, source, ids
@@ -135,14 +149,16 @@ def test_a_passing_plan_is_untouched(tiny):
 
 
 def test_rounds_are_bounded_and_a_hopeless_plan_is_left_flagged(tiny):
-    """Every candidate of waypoint 5 steps back and the model writes the same again when re-denoised: each round
-    searches, re-denoises, fails; after ``rounds`` rounds the plan is what the model wrote."""
+    """Every candidate of waypoint 5 steps back (the rest of the vocabulary below the search's floor) and the model
+    writes the same again when re-denoised: each round searches, re-denoises, fails; after ``rounds`` rounds the plan
+    is what the model wrote."""
     good = fmt.format_waypoints(GOOD)
     position = good.index("025.00") + 1
     drafted = good[:position] + "0" + good[position + 1:]  # 5.00: far behind
     tok = tiny.bundle.tokenizer
     for rounds in (1, 2, 3):
-        runner, source, _ = crafted_runner(tiny, drafted, {position: tok.convert_tokens_to_ids("1")}, SETTINGS)
+        runner, source, _ = crafted_runner(tiny, drafted, {position: tok.convert_tokens_to_ids("1")}, SETTINGS,
+                                           p2=0.4 - 1e-9)
         result = decode_blocks(runner, SETTINGS, tiny.bundle.eos_token_id, check=check_for(tiny), rounds=rounds)
         assert result.reflection.rounds == rounds
         assert result.reflection.extra_forwards > 0
@@ -159,7 +175,8 @@ def test_no_reflection_step_starts_past_the_deadline(tiny, monkeypatch):
     import wamdiff_ros.decoding.block as block_module
 
     for readings in (0, 1, 2, 4, 8):
-        runner, source, _ = crafted_runner(tiny, drafted, {position: tok.convert_tokens_to_ids("1")}, SETTINGS)
+        runner, source, _ = crafted_runner(tiny, drafted, {position: tok.convert_tokens_to_ids("1")}, SETTINGS,
+                                           p2=0.4 - 1e-9)
         kept = []  # the draft as the block loop hands it to reflection
         monkeypatch.setattr(block_module, "reflect", lambda runner, draft, *a, **k: kept.append(draft) or
                             reflect_module.ReflectStats())

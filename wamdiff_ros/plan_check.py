@@ -194,14 +194,24 @@ class AnswerCheck:
 
     def span(self, tokens: Sequence[int], waypoint: int) -> list[int]:
         """The positions of the tokens that write waypoint ``waypoint``'s two numbers (not the commas)."""
-        out, number = [], 0
+        return [p for p, _ in self._span(tokens, waypoint)]
+
+    def ranks(self, tokens: Sequence[int], waypoint: int) -> list[int]:
+        """``span``'s significance: where in its number each token's first character stands (0: the first, x's
+        hundreds or sign, y's sideways bin in the fixed width)."""
+        return [r for _, r in self._span(tokens, waypoint)]
+
+    def _span(self, tokens: Sequence[int], waypoint: int) -> list[tuple[int, int]]:
+        out, number, place = [], 0, 0
         for position, token in enumerate(self._cut(tokens)):
-            mine = False
+            rank = None
             for ch in self._text_of(token):
                 if ch == ",":
-                    number += 1
-                elif number // 2 == waypoint:
-                    mine = True
-            if mine:
-                out.append(position)
+                    number, place = number + 1, 0
+                    continue
+                if number // 2 == waypoint and rank is None:
+                    rank = place
+                place += 1
+            if rank is not None:
+                out.append((position, rank))
         return out

@@ -26,7 +26,7 @@ from wamdiff_ros.plan_check import AnswerCheck, Limits, check_plan, steps_back, 
 
 MIN_CACHE = 1024  # the decode engine's first KV capacity (tokens); a longer prompt rebuilds it larger
 ANYTIME_MAX_SPEED = 40.0  # m/s: an anytime plan implying a faster step between waypoints is not valid
-REFLECT_TOP_K = 4  # candidates kept per answer position for reflection's search
+REFLECT_TOP_K = 10  # candidates kept per answer position for reflection's search (a digit position has 10)
 MIN_IMAGE_SIDE = 32
 MAX_ASPECT = 100
 log = logging.getLogger(__name__)

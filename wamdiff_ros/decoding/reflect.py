@@ -5,13 +5,16 @@ candidates, and the tokens that depend on it denoised again with the rest of the
 (ReflectDrive, ICLR 2026: a local search finds safe anchor tokens, then inpainting regenerates the rest).
 
 After the draft, when the plan checker (``PlanCheck``: the planner's side, ``wamdiff_ros.plan_check``) names failing
-waypoints, each round takes the earliest one and
-1. **searches** its tokens' candidates, the per-position top-k of the step that fixed each token
-   (``GraphRunner(candidates=k)``): assignments in order of joint probability (ties: the more significant character
-   changed first), the first that passes given the waypoints before it is fixed as an anchor (no forward);
-2. **re-denoises** the tokens of the later waypoints that still fail (and the searched one's, when nothing passed):
-   they become [MASK] again, the cache is rewound to the first block holding one, and those blocks run the runner's
-   denoising step again (same KV cache, the grammar mask on), every other token fixed.
+waypoints, each round
+1. **searches**, earliest failing waypoint first, its tokens' candidates, the per-position top-k of the step that fixed
+   each token (``GraphRunner(candidates=k)``): assignments in order of joint probability (ties: the more significant
+   character changed first); the first that passes given the waypoints before it is fixed as an anchor (no forward),
+   and the next waypoint that still fails is searched, until one has no passing candidate. When none passes, the
+   waypoint before it is searched instead, for a candidate with which both pass (a wrong digit there shows only at
+   the next waypoint: x = 5.27 at 1 m/s, then 0.00);
+2. **re-denoises** that waypoint's tokens and those of the later waypoints that still fail: they become [MASK] again,
+   the cache is rewound to the first block holding one, and those blocks run the runner's denoising step again (same
+   KV cache, the grammar mask on), every other token fixed; their new candidates serve the next round's search.
 At most ``rounds`` rounds; none starts, and no re-denoising step starts, past the deadline (a round cut there keeps
 its anchor and drops its re-denoising). A plan that passes is never touched: same tokens, no forward.
 """
@@ -29,7 +32,7 @@ import torch
 
 from wamdiff_ros.decoding.graphs import GraphRunner
 
-MIN_CANDIDATE_PROB = 1e-4  # candidates less likely than this are not tried
+MIN_CANDIDATE_PROB = 1e-6  # candidates less likely than this are not tried
 MAX_TRIALS = 128  # assignments checked per searched waypoint at most (~50 µs each)
 
 
@@ -43,6 +46,8 @@ class PlanCheck(Protocol):
     def passes(self, tokens: Sequence[int], waypoint: int) -> bool: ...  # given the waypoints before it
 
     def span(self, tokens: Sequence[int], waypoint: int) -> list[int]: ...  # its numbers' token positions, in order
+
+    def ranks(self, tokens: Sequence[int], waypoint: int) -> list[int]: ...  # ``span``'s significance, 0 = first
 
 
 @dataclass(slots=True)
@@ -70,15 +75,25 @@ class Draft:
     cand_probs: list[list[float]]
     block_sizes: list[int]
     prefix: int  # the engine's length before the answer
+    committed: int = -1  # blocks whose K/V the cache holds as they stand (the draft: all but the last)
+
+    def __post_init__(self) -> None:
+        if self.committed < 0:
+            self.committed = len(self.block_sizes) - 1
 
 
 def search(tokens: list[int], positions: Sequence[int], cand_tokens: list[list[int]], cand_probs: list[list[float]],
-           ok: Callable[[list[int]], bool], max_trials: int = MAX_TRIALS) -> list[int] | None:
+           ok: Callable[[list[int]], bool], ranks: Sequence[int] | None = None,
+           max_trials: int = MAX_TRIALS) -> list[int] | None:
     """The most probable assignment of ``positions`` (each one of its candidates; the others as in ``tokens``) that
-    ``ok`` accepts, other than the current one; None when none of the first ``max_trials`` does.
+    ``ok`` accepts, other than the current one, most significant character first; None when none of the trials does.
 
-    Best-first over the product of the candidate lists (each sorted by probability): the heap holds index vectors
-    scored by joint log-probability, ties broken towards changing earlier (more significant) positions."""
+    ``ranks``: each position's significance (0: the first character of its number; default: all 0). Stage r lets the
+    positions of rank <= r change, so a wrong tens digit is found before the many near-even combinations of the
+    decimals are tried; within a stage, best-first over the product of the candidate lists (each by probability):
+    a heap of index vectors scored by joint log-probability, ties towards changing earlier positions. ``max_trials``
+    is shared by the stages."""
+    ranks = [0] * len(positions) if ranks is None else list(ranks)
     options = []  # per position: (token, probability) pairs, the current token first, then by probability
     for p in positions:
         pairs = list(zip(cand_tokens[p], cand_probs[p]))
@@ -86,33 +101,50 @@ def search(tokens: list[int], positions: Sequence[int], cand_tokens: list[list[i
         options.append(current + sorted([tq for tq in pairs if tq[0] != tokens[p] and tq[1] >= MIN_CANDIDATE_PROB],
                                         key=lambda tq: -tq[1]))
     logp = [[math.log(max(q, 1e-30)) for _, q in opt] for opt in options]
+    stages = sorted(set(ranks))
+    budget = max_trials
+    tried: set[tuple[int, ...]] = set()
+    for n, stage in enumerate(stages):
+        free = [j for j, r in enumerate(ranks) if r <= stage and len(options[j]) > 1]
+        share = budget // (len(stages) - n)  # what the later stages leave for this one, at least
+        found, used = _best_first(tokens, positions, options, logp, free, ok, tried, share)
+        budget -= used
+        if found is not None:
+            return found
+    return None
+
+
+def _best_first(tokens, positions, options, logp, free, ok, tried, max_trials):
+    """One stage of ``search``: the assignments changing only the ``free`` positions, most probable first; returns
+    (the first that passes or None, trials used). ``tried`` carries the vectors earlier stages checked."""
+    start = (0,) * len(options)
 
     def score(index: tuple[int, ...]) -> float:
         return sum(lp[i] for lp, i in zip(logp, index))
 
-    def significance(index: tuple[int, ...]) -> tuple[int, ...]:  # earlier changed position sorts first
-        return tuple(-i for i in index)
+    def order(index: tuple[int, ...]) -> tuple:  # most probable first; ties: the earlier position changed
+        return -score(index), tuple(-i for i in index)
 
-    start = (0,) * len(options)
-    heap = [(-score(start), significance(start), start)]
+    heap = [(order(start), start)]
     seen = {start}
     trials = 0
-    while heap and trials <= max_trials:
-        _, _, index = heapq.heappop(heap)
-        if index != start:
+    while heap and trials < max_trials:
+        _, index = heapq.heappop(heap)
+        if index != start and index not in tried:
             trials += 1
+            tried.add(index)
             trial = list(tokens)
             for p, opt, i in zip(positions, options, index):
                 trial[p] = opt[i][0]
             if ok(trial):
-                return trial
-        for j in range(len(options)):
+                return trial, trials
+        for j in free:
             if index[j] + 1 < len(options[j]):
                 nxt = index[:j] + (index[j] + 1,) + index[j + 1:]
                 if nxt not in seen:
                     seen.add(nxt)
-                    heapq.heappush(heap, (-score(nxt), significance(nxt), nxt))
-    return None
+                    heapq.heappush(heap, (order(nxt), nxt))
+    return None, trials
 
 
 def _past(deadline: float | None) -> bool:
@@ -122,11 +154,12 @@ def _past(deadline: float | None) -> bool:
 @torch.inference_mode()
 def redenoise(runner: GraphRunner, draft: Draft, remask: set[int], steps: int, deadline: float | None) -> bool:
     """Denoise the ``remask`` positions of ``draft`` again in place (the draft is updated): rewind the cache to the
-    first block holding one, run each block up to the last such block with its other tokens fixed (a block with
-    none only commits the one before). False, with the draft unchanged, when the deadline cut it."""
+    first block holding one (or to the last block it holds as it stands, if that is earlier), run each block up to the
+    last such block with its other tokens fixed (a block with none only commits the one before). False, with the
+    draft unchanged, when the deadline cut it."""
     offsets = [sum(draft.block_sizes[:j]) for j in range(len(draft.block_sizes))]
     block_of = [j for j, n in enumerate(draft.block_sizes) for _ in range(n)]
-    first, last = block_of[min(remask)], block_of[max(remask)]
+    first, last = min(block_of[min(remask)], draft.committed), block_of[max(remask)]
     tokens = list(draft.tokens)
     updates: dict[int, tuple[int, float, list[int], list[float]]] = {}
     runner.rewind(draft.prefix + offsets[first])
@@ -136,12 +169,14 @@ def redenoise(runner: GraphRunner, draft: Draft, remask: set[int], steps: int, d
         n, off = draft.block_sizes[j], offsets[j]
         start = [mask_id if off + i in remask else tokens[off + i] for i in range(n)]
         if _past(deadline):
+            draft.committed = min(draft.committed, j)
             return False
         runner.start_block(n, off, pending, tokens=torch.tensor(start, dtype=torch.long, device=device))
         runner.step()
         done = 1
         while done < steps and runner.masks_left():
             if _past(deadline):
+                draft.committed = min(draft.committed, j)
                 return False
             runner.step()
             done += 1
@@ -155,6 +190,7 @@ def redenoise(runner: GraphRunner, draft: Draft, remask: set[int], steps: int, d
         pending = block
     for p, (t, c, ct, cp) in updates.items():
         draft.tokens[p], draft.confidence[p], draft.cand_tokens[p], draft.cand_probs[p] = t, c, ct, cp
+    draft.committed = last  # the blocks before it are in the cache; it and the ones after are not (or stale)
     return True
 
 
@@ -172,23 +208,34 @@ def reflect(runner: GraphRunner, draft: Draft, check: PlanCheck, rounds: int, st
             stats.cut = True
             break
         stats.rounds += 1
-        w = failing[0]
-        span = check.span(draft.tokens, w)
-        anchor = search(draft.tokens, span, draft.cand_tokens, draft.cand_probs, lambda t: check.passes(t, w))
         remask: set[int] = set()
-        if anchor is None:
-            remask.update(span)
-        else:
+        w = -1
+        while True:  # the failing waypoints in order: each searched and anchored, until one has no passing candidate
+            later = [v for v in check.failing(draft.tokens) if v > w]
+            if not later:
+                break
+            w = later[0]
+            span = check.span(draft.tokens, w)
+            anchor = search(draft.tokens, span, draft.cand_tokens, draft.cand_probs, lambda t: check.passes(t, w),
+                            check.ranks(draft.tokens, w))
+            if anchor is None and w > 0:  # the waypoint before may be the wrong one: it and w must pass together
+                span = check.span(draft.tokens, w - 1)
+                anchor = search(draft.tokens, span, draft.cand_tokens, draft.cand_probs,
+                                lambda t: check.passes(t, w - 1) and check.passes(t, w),
+                                check.ranks(draft.tokens, w - 1))
+            if anchor is None:
+                remask.update(check.span(draft.tokens, w))
+                break
             stats.searched += 1
             for p in span:
                 if anchor[p] != draft.tokens[p]:
                     draft.tokens[p] = anchor[p]
-                    k = draft.cand_tokens[p].index(anchor[p]) if anchor[p] in draft.cand_tokens[p] else -1
-                    draft.confidence[p] = draft.cand_probs[p][k] if k >= 0 else draft.confidence[p]
-        for v in check.failing(draft.tokens):
-            if v > w:
-                remask.update(check.span(draft.tokens, v))
-        if remask:
+                    k = draft.cand_tokens[p].index(anchor[p])
+                    draft.confidence[p] = draft.cand_probs[p][k]
+        if remask:  # that waypoint and the later ones that still fail: denoised again, everything else fixed
+            for v in check.failing(draft.tokens):
+                if v > w:
+                    remask.update(check.span(draft.tokens, v))
             if not redenoise(runner, draft, remask, steps, deadline):
                 stats.cut = True
                 break

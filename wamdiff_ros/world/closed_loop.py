@@ -20,6 +20,7 @@ import numpy as np
 from wamdiff_ros import format as fmt
 from wamdiff_ros.control import FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
 from wamdiff_ros.control.stop import fallback_stop
+from wamdiff_ros.plan_check import steps_back
 from wamdiff_ros.world.camera import CameraConfig, CameraFrame, FrontCamera
 from wamdiff_ros.world.expert import Expert
 from wamdiff_ros.world.metrics import EpisodeLog
@@ -66,6 +67,8 @@ class PlanResult:
     new_tokens: int = 0
     boxes: list = field(default_factory=list)
     deadline: str = ""  # cut at the planning deadline: "anytime" (its best so far driven) | "stop" (the fallback)
+    edited: bool = False  # the model's plan: reflection repaired waypoints (``Plan.edited``)
+    implausible: bool = False  # ... it still fails the plan checker (``Plan.implausible``)
 
 
 class ClosedLoopPlanner(Protocol):
@@ -147,7 +150,35 @@ class ModelPlanner:
         if p.valid:
             self._last_world = pose.to_world(np.asarray(p.waypoints, np.float64))
         return PlanResult(p.waypoints, bool(p.valid), p.stats.forward_calls, p.stats.new_tokens, p.boxes,
-                          "anytime" if p.anytime else "")
+                          "anytime" if p.anytime else "", bool(p.edited), bool(p.implausible))
+
+
+@dataclass(slots=True)
+class PlanQuality:
+    """What an episode's plans were like (``EpisodeLog.plan_quality``): how many, valid, stepping back in x by more than
+    0.5 m between consecutive waypoints (``plan_check.steps_back``), repaired by reflection, still implausible, and
+    each plan's forward calls."""
+
+    plans: int = 0
+    valid: int = 0
+    stepped_back: int = 0
+    edited: int = 0
+    implausible: int = 0
+    forward_calls: list[int] = field(default_factory=list)
+    ms: list[float] = field(default_factory=list)  # each plan's wall time
+
+    def add(self, result: PlanResult, seconds: float) -> None:
+        self.plans += 1
+        self.valid += bool(result.valid)
+        self.stepped_back += bool(result.valid) and steps_back(result.waypoints)
+        self.edited += bool(result.edited)
+        self.implausible += bool(result.implausible)
+        self.forward_calls.append(int(result.forward_calls))
+        self.ms.append(round(seconds * 1e3, 3))
+
+    def as_dict(self) -> dict:
+        return {"plans": self.plans, "valid": self.valid, "stepped_back": self.stepped_back, "edited": self.edited,
+                "implausible": self.implausible, "forward_calls": list(self.forward_calls), "ms": list(self.ms)}
 
 
 @dataclass(slots=True)
@@ -172,6 +203,7 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
     next_request, active, pending = 0.0, None, None  # pending: (effective time, plan)
     latencies, calls, tokens, frames, steps = [], 0, 0, [], 0
     cut = {"anytime": 0, "stop": 0}
+    quality = PlanQuality()
     while not world.done:
         if pending is not None and world.t >= pending[0] - 1e-9:
             active, pending = pending[1], None
@@ -184,6 +216,7 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
             latency = time.perf_counter() - t0
             latencies.append(latency)
             calls, tokens = calls + result.forward_calls, tokens + result.new_tokens
+            quality.add(result, latency)
             if result.deadline:
                 cut[result.deadline] += 1
             tracked = TrackedPlan(result.waypoints, world.ego_pose, world.t, valid=result.valid)
@@ -200,4 +233,5 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
         steps += 1
     log = world.episode_log(planner.name, config.mode, latencies, calls / tokens if tokens else None)
     log.plans_cut, log.anytime_plans = cut["anytime"] + cut["stop"], cut["anytime"]
+    log.plan_quality = quality.as_dict()
     return EpisodeResult(log, steps, time.perf_counter() - start, frames)

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from tqdm import tqdm
 
 from wamdiff_ros.cli import add_decode_settings_args, decode_overrides
@@ -161,8 +163,37 @@ def compare_main(args, parser) -> int:
               f"{r['new_completed']}, {r['ref_completed']} |")
     if result["only_new"] or result["only_ref"]:
         print(f"left out (no partner): {result['only_new']} episodes only in new, {result['only_ref']} only in ref")
+    quality = {name: plan_quality(episodes) for name, episodes in (("new", new), ("ref", ref))}
+    if any(q["plans"] for q in quality.values()):
+        print("plans (all episodes of each report): | report | mode | plans | valid | stepped back (% of valid) | "
+              "repaired / 100 | implausible / 100 | median forward calls | median ms |\n|---|---|---:|---:|---:|---:|"
+              "---:|---:|---:|")
+        for name in ("new", "ref"):
+            for mode, q in plan_quality_by_mode(new if name == "new" else ref).items():
+                print(f"| {name} | {mode} | {q['plans']} | {q['valid']} | {q['stepped_back']} "
+                      f"({q['stepped_back_pct']:.2f} %) | {q['edited_per_100']:.1f} | {q['implausible_per_100']:.1f} "
+                      f"| {q['median_forward_calls']:g} | {q['median_ms']:.1f} |")
+    result["plan_quality"] = {name: plan_quality_by_mode(new if name == "new" else ref) for name in ("new", "ref")}
     _write_report(result, args.json)
     return 0
+
+
+def plan_quality(episodes: list) -> dict:
+    """The plans of ``episodes`` (EpisodeScore.plan_quality) pooled: counts, the share of valid plans that step back,
+    repaired and implausible plans per 100, median forward calls and wall ms per plan."""
+    keys = ("plans", "valid", "stepped_back", "edited", "implausible")
+    total = {k: sum(int(e.plan_quality.get(k, 0)) for e in episodes) for k in keys}
+    calls = [c for e in episodes for c in e.plan_quality.get("forward_calls", [])]
+    ms = [m for e in episodes for m in e.plan_quality.get("ms", [])]
+    plans = max(total["plans"], 1)
+    return {**total, "stepped_back_pct": 100.0 * total["stepped_back"] / max(total["valid"], 1),
+            "edited_per_100": 100.0 * total["edited"] / plans, "implausible_per_100": 100.0 * total["implausible"] / plans,
+            "median_forward_calls": float(np.median(calls)) if calls else float("nan"),
+            "median_ms": float(np.median(ms)) if ms else float("nan")}
+
+
+def plan_quality_by_mode(episodes: list) -> dict:
+    return {mode: plan_quality([e for e in episodes if e.mode == mode]) for mode in sorted({e.mode for e in episodes})}
 
 
 def main(argv: list[str] | None = None) -> int:
