@@ -3,10 +3,15 @@
 The inputs are frames of the bundled sample drive with their ego state, a command and the route (the drive's own
 path ahead); the expected plans were recorded with ``python test/test_plan_regression.py --write``. Timings are
 left out; everything else the plan carries (waypoints, confidences, text, validity, decode statistics) is compared.
+
+The fixture holds the plans as the block decoder drafts them (recorded before reflection existed). With reflection
+off they come out byte-identical; with it on (the default) every plan that passes the plan checker is untouched, in
+tokens and forward calls, and the others are the ones reflection repairs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -23,6 +28,8 @@ FRAMES = tuple(range(0, 100, 4))  # 25 of the drive's 100 frames
 COMMANDS = ("follow", "follow", "left", "follow", "right", "straight")
 NO_ROUTE_EVERY = 5  # every fifth input plans without a route
 VOLATILE_KEYS = ("vision_s", "prefill_s", "decode_s", "route")  # timings; the route state is checked on its own
+REFLECTION_KEYS = ("edited_waypoints", "implausible")  # newer than the fixture: checked on their own
+REFLECTION_STATS = ("reflect_rounds", "reflect_forwards")
 
 
 def _frames() -> dict[int, np.ndarray]:
@@ -74,6 +81,14 @@ def plan_record(planner, image: np.ndarray, item: dict) -> dict:
     return record
 
 
+def draft_record(record: dict) -> tuple[dict, dict]:
+    """``record`` without what reflection added, and what it added."""
+    record = json.loads(json.dumps(record))
+    added = {key: record.pop(key) for key in REFLECTION_KEYS}
+    added.update({key: record["stats"].pop(key) for key in REFLECTION_STATS})
+    return record, added
+
+
 @pytest.fixture(scope="module")
 def shipped_planner():
     from wamdiff_ros.planner import Planner
@@ -83,12 +98,40 @@ def shipped_planner():
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_shipped_plans_are_unchanged(shipped_planner):
+    """Reflection off: every plan byte-identical to the fixture."""
+    from wamdiff_ros.planner import Planner
+
     fixture = json.loads(FIXTURE.read_text())
     assert len(fixture["cases"]) >= 20
     images = _frames()
+    drafting = Planner(shipped_planner.bundle, dataclasses.replace(shipped_planner.settings, reflect=False))
     for case in fixture["cases"]:
-        got = plan_record(shipped_planner, images[case["input"]["frame"]], case["input"])
+        got, added = draft_record(plan_record(drafting, images[case["input"]["frame"]], case["input"]))
         assert json.dumps(got, sort_keys=True) == json.dumps(case["plan"], sort_keys=True), case["input"]
+        assert added["edited_waypoints"] == [] and added["reflect_forwards"] == 0
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_reflection_leaves_passing_plans_untouched(shipped_planner):
+    """Reflection on (the default): a fixture plan that passes the plan checker comes out byte-identical with no extra
+    forward; one that fails is repaired (edited) or flagged implausible."""
+    from wamdiff_ros.plan_check import check_plan
+
+    fixture = json.loads(FIXTURE.read_text())
+    images = _frames()
+    passing = 0
+    for case in fixture["cases"]:
+        item = case["input"]
+        got, added = draft_record(plan_record(shipped_planner, images[item["frame"]], item))
+        route = None if item["route"] is None else np.asarray(item["route"])
+        fails = case["plan"]["valid"] and check_plan(np.asarray(case["plan"]["waypoints"]), item["velocity"], route)
+        if not fails:
+            passing += 1
+            assert json.dumps(got, sort_keys=True) == json.dumps(case["plan"], sort_keys=True), item
+            assert added == {"edited_waypoints": [], "implausible": "", "reflect_rounds": 0, "reflect_forwards": 0}
+        else:
+            assert added["edited_waypoints"] or added["implausible"], item
+    assert passing >= 10
 
 
 def main() -> int:
