@@ -269,7 +269,9 @@ def _linear_into(out: torch.Tensor, x: torch.Tensor, module: torch.nn.Linear) ->
     (``test_step_buffers.py`` compares with ``F.linear``)."""
     weight, bias = module.weight, module.bias
     columns = weight.shape[0]
-    step = LM_HEAD_COLUMNS if out.device.type == "cpu" and columns > 2 * LM_HEAD_COLUMNS else columns
+    if out.device.type != "cpu" or columns <= 2 * LM_HEAD_COLUMNS:
+        return torch.mm(x, weight.t(), out=out) if bias is None else torch.addmm(bias, x, weight.t(), out=out)
+    step = LM_HEAD_COLUMNS
     for a in range(0, columns, step):
         b = min(a + step, columns)
         if bias is None:

@@ -32,6 +32,7 @@ from wamdiff_ros.decoding.unmask import SCHEDULES, tokens_per_step, unmask_confi
 WARMUP_RUNS = 2  # eager runs on a side stream before capture: lazy initialisation stays out of the graph
 CHUNKS = (256, 128, 64, 32, 16, 8)  # the first-argmax's chunk width: the widest that divides the vocabulary
 CPU_SOFTMAX_ROWS = 4  # on the CPU the softmax and the chunk maxima go this many rows at a time (still in cache)
+WIDE_VOCAB = 32768  # from this many columns a step's (n, V) passes are what it costs (``_wide``), not its ops
 
 
 class GraphRunner:
@@ -86,7 +87,12 @@ class GraphRunner:
         self._logits = torch.zeros(max_block, vocab, dtype=engine.dtype, device=dev)  # the LM head writes here
         self._probs = torch.zeros(max_block, vocab, **f32)  # the softmax of the scores
         self._scores: torch.Tensor | None = None  # (max_block, V) float32, the refused tokens at -inf (``_scratch``)
-        if engine.dtype != torch.float32:
+        # wide: a vocabulary where a step's (n, V) passes cost more than its ops (a real one); on the CPU the step
+        # then goes in cache-sized pieces, over the rows still open, and keeps the logits' [MASK] column aside
+        # instead of copying them
+        self._wide = vocab >= WIDE_VOCAB
+        self._pieces = self._wide and dev.type == "cpu"
+        if engine.dtype != torch.float32 or not self._wide:
             self._scratch()
         self._saved = torch.zeros(max_block, 1, dtype=engine.dtype, device=dev)  # the [MASK] column, put back
         self._neg_inf = torch.tensor(float("-inf"), **f32)
@@ -215,7 +221,8 @@ class GraphRunner:
         self._prob[:n].copy_(p)
         if self.candidates:
             self._keep_candidates(n, select)
-        self._fixed_here[:n].logical_or_(select)
+        if self.candidates or self._pieces:
+            self._fixed_here[:n].logical_or_(select)
         masked.copy_(masked & ~select)
         self._step_index.add_(1)
         return logits
@@ -244,8 +251,8 @@ class GraphRunner:
         """On the CPU, the block positions a step must predict: those no step of this block fixed yet (the masks,
         and the anchors of ``start_block``'s ``tokens``, whose candidates are the last step's); a fixed position's
         prediction is read by nothing. A host sync, free on the CPU; None (every row, no sync) elsewhere, where the
-        step is what a CUDA Graph captures."""
-        if self.engine.device.type != "cpu":
+        step is what a CUDA Graph captures, and for a vocabulary narrower than ``WIDE_VOCAB``."""
+        if not self._pieces:
             return None
         return torch.nonzero(~self._fixed_here[:n]).view(-1).tolist()
 
@@ -256,15 +263,16 @@ class GraphRunner:
         step); ``logits`` (n, V), n <= max_block, keep their values. ``rows``: only these rows' softmax (the others
         keep what they were); each row's is its own, so the same bits either way.
 
-        Everything of size n x V lives in the runner's static buffers: the exclusion is applied in place (the [MASK]
-        column of ``logits`` set to -inf and put back after; the grammar written into the scores buffer by one
-        ``where``), the softmax goes into ``_probs`` (the same kernel on the same values as ``torch.softmax``: the
-        same bits, no tensor made), and its first argmax is found in two cheap passes (``_first_max``). On a GPU
-        the same ops are what a CUDA Graph captures. Returns views of ``_step_prob`` / ``_step_pred``."""
+        Everything of size n x V lives in the runner's static buffers: the exclusion is applied in place (a wide
+        vocabulary's float32 logits get their [MASK] column set to -inf and put back after; else they are copied
+        into the scores buffer and excluded there; the grammar is written into it by one ``where``), the softmax
+        goes into ``_probs`` (the same kernel on the same values as ``torch.softmax``: the same bits, no tensor
+        made), and its first argmax is found in two cheap passes (``_first_max``). On a GPU the same ops are what a
+        CUDA Graph captures. Returns views of ``_step_prob`` / ``_step_pred``."""
         n = logits.shape[0]
         probs = self._probs[:n]
         spans = self._spans(n, rows)
-        if refused is None and logits.dtype == torch.float32:
+        if refused is None and logits.dtype == torch.float32 and self._wide:
             if no_mask:
                 torch.index_select(logits, 1, self._no_mask, out=self._saved[:n])
                 logits.index_fill_(1, self._no_mask, float("-inf"))
@@ -290,8 +298,10 @@ class GraphRunner:
 
     def _spans(self, n: int, rows: list[int] | None) -> list[tuple[int, int]]:
         """The row ranges ``_predict`` works in: on the CPU at most ``CPU_SOFTMAX_ROWS`` rows each (of ``rows``, or
-        all), so a range's probabilities are still in cache when its chunk maxima read them; elsewhere all at once."""
-        if self._probs.device.type != "cpu":
+        all), so a range's probabilities are still in cache when its chunk maxima read them; elsewhere, and for a
+        vocabulary narrower than ``WIDE_VOCAB`` (where one op per piece would cost more than it saves), all at
+        once."""
+        if not self._pieces:
             return [(0, n)]
         spans: list[tuple[int, int]] = []
         for r in range(n) if rows is None else rows:
