@@ -20,6 +20,10 @@ every message equals its header stamp. On the planner node's input topics:
   derives the ego acceleration from it.
 * ``/wamdiff_planner/input/command``: wamdiff_ros/msg/DrivingCommand, the route's command at t = 0 and again
   whenever it changes (on the highway: LANE_FOLLOW once); offered QoS reliable + transient local: replay latches it.
+* ``/route/path``: nav_msgs/msg/Path, the route the drive followed as the highway bridge publishes it (its
+  ``route/path``: the route lane's centre 0-60 m ahead, ``ROUTE_PATH_M``), in ``odom``, at every camera frame, stamped
+  with the frame's world instant; offered QoS reliable + transient local. The shipped model was trained with the
+  route points the node reads from it (``wamdiff-demo`` remaps the node's ``~/input/route`` to it).
 
 sample_front.png is frame ``SAMPLE_FRAME`` of the bag, pixel for pixel. The frames (98 KB each, 9.8 MB raw) shrink
 to ~0.14 MB in the MCAP's zstd chunk compression, which every MCAP reader (ros2 bag, rosbags, Foxglove) decodes.
@@ -42,6 +46,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.control import HighwayEnvActuator, TrackedPlan, WaypointFollower
 from wamdiff_ros.geometry import Pose2D, wrap_angle
 from wamdiff_ros.ros.bags import McapFile, bag_qos, typestore
+from wamdiff_ros.route_points import ROUTE_PATH_M
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
 from wamdiff_ros.world.expert import Expert
 from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE, ScenarioSet, load_scenarios
@@ -52,6 +57,7 @@ ASSETS = Path(__file__).resolve().parents[1] / "wamdiff_ros" / "assets"
 DEFAULT_OUT, DEFAULT_IMAGE = ASSETS / "sample_drive.mcap", ASSETS / "sample_front.png"
 NODE = "/wamdiff_planner"
 IMAGE_TOPIC, ODOM_TOPIC, COMMAND_TOPIC = (f"{NODE}/input/{t}" for t in ("image", "odometry", "command"))
+ROUTE_TOPIC = "/route/path"  # the highway bridge's route topic (wamdiff_ros.ros.bridge.highway.TOPICS["route"])
 SCENARIO = "highway"
 SEED = SPLIT_SEED_BASE["test"] + 9  # held out; the expert overtakes a slower car in the first 10 s
 SECONDS = 10.0
@@ -75,6 +81,7 @@ class Tick:
     yaw_rate: float  # over the last step, rad/s
     command: fmt.Command
     image: np.ndarray | None  # (128, 256, 3) uint8 on camera steps
+    route: np.ndarray | None  # (61, 2) the route lane's centre 0-60 m ahead, odom frame, on camera steps
 
 
 def drive(seed: int = SEED, seconds: float = SECONDS, scenarios: ScenarioSet | None = None) -> list[Tick]:
@@ -96,9 +103,10 @@ def drive(seed: int = SEED, seconds: float = SECONDS, scenarios: ScenarioSet | N
         if frame or step % replan_every == 0:
             active = TrackedPlan(expert.plan().waypoints, world.ego_pose, world.t)
         image = camera.render(world.ego_pose, world.others()).image if frame else None
+        route = start.to_ego(world.route_centre(ROUTE_PATH_M)) if frame else None  # the start pose is odom's origin
         pose = start.relative(world.ego_pose)
         yaw_rate = wrap_angle(pose.heading - ticks[-1].pose.heading) / world.dt if ticks else 0.0
-        ticks.append(Tick(pose, world.ego_velocity(), yaw_rate, world.command, image))
+        ticks.append(Tick(pose, world.ego_velocity(), yaw_rate, world.command, image, route))
         world.step(*actuator(follower.step(active, world.ego_pose, world.ego_speed, world.t)))
     return ticks
 
@@ -140,6 +148,12 @@ def make_bag(out: Path, ticks: list[Tick]) -> Path:
                         [bag_qos(True)]))
         if tick.image is None:
             continue
+        path = T["nav_msgs/msg/Path"](header=header(t_ns, "odom"), poses=[
+            T["geometry_msgs/msg/PoseStamped"](header=header(t_ns, "odom"), pose=geo["Pose"](
+                position=geo["Point"](x=float(x), y=float(y), z=0.0),
+                orientation=geo["Quaternion"](x=0.0, y=0.0, z=0.0, w=1.0))) for x, y in tick.route])
+        records.append((t_ns, 1, ROUTE_TOPIC, "nav_msgs/msg/Path", ser(path, "nav_msgs/msg/Path"),
+                        [bag_qos(True, True, 1)]))
         t_ns += IMAGE_OFFSET_NS
         h, w, _ = tick.image.shape  # rgb8, rows unpadded
         img = T["sensor_msgs/msg/Image"](header=header(t_ns, "camera"), height=h, width=w, encoding="rgb8",

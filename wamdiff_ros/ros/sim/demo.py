@@ -23,6 +23,7 @@ from wamdiff_ros.ros.sim.processes import python_module, ros_environment, share_
 NODE = "/wamdiff_planner"
 OUTPUT_TOPICS = (f"{NODE}/output/plan", f"{NODE}/output/path", "/diagnostics", f"{NODE}/output/boxes",
                  f"{NODE}/output/description")
+ROUTE_TOPIC = "/route/path"  # the bag's route, where the highway bridge publishes it: the node plans with it
 DRIVE_SCENARIO = "highway"
 EVAL_SUMMARY = "eval_summary.json"  # the model's measured closed-loop score, written when the model is exported
 
@@ -48,7 +49,7 @@ def run(bag: Path, out: Path, node_args: list[str], settle_s: float, ready_timeo
     node = subprocess.Popen(
         python_module("wamdiff_ros.ros.node", "--autostart", "--ros-args", "--params-file",
                       str(share_file("planner.yaml")), "-p", "use_sim_time:=true", "-p", "blackbox_dir:=none",
-                      *node_args),
+                      "-r", f"~/input/route:={ROUTE_TOPIC}", *node_args),
         env=env, stdout=logs["node"], stderr=subprocess.STDOUT)
     record = subprocess.Popen(python_module("wamdiff_ros.ros.bag_tools", "record", str(recording), "--topics",
                                             *OUTPUT_TOPICS), env=env, stdout=logs["record"], stderr=subprocess.STDOUT)
@@ -113,9 +114,13 @@ def report(bag: Path, recording: Path, out: Path) -> int:
         label = (f"t={t - min(frames):5.2f}s  B={plan.block_size}  {plan.forward_calls} fwd  decode "
                  f"{plan.decode_ms:.0f} ms  " + ("FALLBACK " + plan.reason if plan.fallback else
                                                  "anytime" if plan.anytime else "valid" if plan.valid else plan.reason))
+        if plan.edited:
+            label += f"  repaired {len(plan.edited_waypoints)} (ringed)"
+        if plan.implausible and not plan.fallback:
+            label += "  implausible"
         label += "\n" + (seen.text if seen is not None else "(no description yet)")
         drawn.append(draw_plan(image, wp, _boxes(boxes), confidence=np.array(plan.waypoint_confidence), text=label,
-                               camera=camera))
+                               camera=camera, marked=list(plan.edited_waypoints)))
     if not drawn:
         print(f"no plan matched a camera frame ({len(plans)} plans recorded)", file=sys.stderr)
         return 1
@@ -131,6 +136,7 @@ def report(bag: Path, recording: Path, out: Path) -> int:
     print(f"{len(frames)} camera frames replayed, {len(plans)} plans recorded ({fallbacks} fallbacks), "
           f"{len(drawn)} drawn; {len(detections)} detections ({sum(len(d.detections) for d in detections)} boxes), "
           f"{len(descriptions)} descriptions")
+    print(stepped_back_line(plans))
     if descriptions:
         print(f"last description: {descriptions[-1].text!r}")
     if values:
@@ -142,6 +148,20 @@ def report(bag: Path, recording: Path, out: Path) -> int:
               f"ROS overhead p50 {values.get('ros_overhead_p50_ms')} ms")
     print(f"wrote {out / 'demo_strip.png'}, {out / 'demo.gif'}, {recording}")
     return 0
+
+
+def stepped_back_line(plans: list) -> str:
+    """How many of the recorded plans stepped back in x (> 0.5 m between consecutive waypoints) as the block decoder
+    drafted them and as published, after reflection."""
+    from wamdiff_ros.plan_check import steps_back
+
+    valid = [p for p in plans if p.valid and not p.fallback]
+    after = sum(steps_back(np.array([[q.pose.position.x, q.pose.position.y] for q in p.waypoints_base_link]))
+                for p in valid)
+    drafted = sum(bool(p.draft_stepped_back) for p in valid)
+    return (f"plans stepping back in x (> 0.5 m): {drafted} of {len(valid)} as drafted, {after} after reflection "
+            f"({sum(bool(p.edited) for p in valid)} repaired, {sum(bool(p.implausible) for p in valid)} still "
+            "implausible)")
 
 
 def _latest(messages: list, t: float):
