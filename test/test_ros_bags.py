@@ -27,6 +27,7 @@ SAMPLE_IMAGE = ROOT / "wamdiff_ros" / "assets" / "sample_front.png"
 SEED = 1_000_009  # the sample drive's episode (scripts/make_sample_bag.py)
 NODE = "/wamdiff_planner"
 IMAGE, ODOM, COMMAND = f"{NODE}/input/image", f"{NODE}/input/odometry", f"{NODE}/input/command"
+ROUTE = "/route/path"  # the route the drive followed (the highway bridge's topic)
 T0_NS = 1_700_000_000 * 10**9
 S = 10**9
 
@@ -90,7 +91,7 @@ def test_sample_bag_topics_counts_types_and_stamps(store):
         assert reader.start_time == T0_NS
         qos = {c.topic: c.ext.offered_qos_profiles for c in reader.connections}
     assert topics == {IMAGE: ("sensor_msgs/msg/Image", 100), ODOM: ("nav_msgs/msg/Odometry", 200),
-                      COMMAND: ("wamdiff_ros/msg/DrivingCommand", 1)}
+                      COMMAND: ("wamdiff_ros/msg/DrivingCommand", 1), ROUTE: ("nav_msgs/msg/Path", 100)}
     hashes = bags.type_hashes(SAMPLE)  # rosbag2's metadata record in the file
     assert hashes[COMMAND] == store.hash_rihs01("wamdiff_ros/msg/DrivingCommand")
     assert hashes[IMAGE] == store.hash_rihs01("sensor_msgs/msg/Image")
@@ -106,6 +107,12 @@ def test_sample_bag_topics_counts_types_and_stamps(store):
             assert h.sec * S + h.nanosec == t
     assert [t for t, _ in msgs[IMAGE]] == [T0_NS + 20_000_000 + k * S // 10 for k in range(100)]
     assert [t for t, _ in msgs[ODOM]] == [T0_NS + k * S // 20 for k in range(200)]
+    assert [t for t, _ in msgs[ROUTE]] == [T0_NS + k * S // 10 for k in range(100)]  # each frame's world instant
+    assert qos[ROUTE][0].durability.name == "TRANSIENT_LOCAL"
+    route = store.deserialize_cdr(msgs[ROUTE][0][1], "nav_msgs/msg/Path")
+    ahead = np.array([(p.pose.position.x, p.pose.position.y) for p in route.poses])
+    assert route.header.frame_id == "odom" and ahead.shape == (61, 2)  # 0-60 m ahead, the bridge's route/path
+    assert np.hypot(*ahead[0]) < 3.0 and 55.0 < ahead[-1, 0] < 61.0  # from the ego's lane centre, forward along x
 
     cmd = store.deserialize_cdr(msgs[COMMAND][0][1], "wamdiff_ros/msg/DrivingCommand")
     assert msgs[COMMAND][0][0] == T0_NS and cmd.command == 0  # LANE_FOLLOW: the highway route's command
