@@ -50,6 +50,7 @@ def test_demo_replays_records_and_draws(tmp_path, capsys, monkeypatch):
     # detection at 1 Hz and the description at 0.5 Hz over the 10 s bag, drawn under the plans of later frames
     assert counts["/wamdiff_planner/output/boxes"] >= 3 and counts["/wamdiff_planner/output/description"] >= 2
     assert "detections (" in out and "descriptions" in out
+    assert "plans stepping back in x (> 0.5 m): " in out and "after reflection" in out
     # the replay starts once the recorder hears the node's outputs, so the first frame's plan is in the recording
     assert _first_stamp(BAG, "/wamdiff_planner/input/image", Image_msg) == _first_stamp(
         tmp_path / "outputs.mcap", "/wamdiff_planner/output/plan", PlannerOutput)
