@@ -365,8 +365,9 @@ class GraphRunner:
         """After a step: its candidates, and for the positions it fixes (``select``) the chosen ones."""
         self._top_candidates(n)
         fix = select[:, None]
-        self._chosen_tokens[:n].copy_(torch.where(fix, self._cand_tokens[:n], self._chosen_tokens[:n]))
-        self._chosen_probs[:n].copy_(torch.where(fix, self._cand_probs[:n], self._chosen_probs[:n]))
+        chosen_tokens, chosen_probs = self._chosen_tokens[:n], self._chosen_probs[:n]
+        torch.where(fix, self._cand_tokens[:n], chosen_tokens, out=chosen_tokens)
+        torch.where(fix, self._cand_probs[:n], chosen_probs, out=chosen_probs)
 
     # -- one block (the block loop's interface) -----------------------------------------------------------------------
     def set_unmask(self, schedule: str, steps: int, threshold: float) -> None:
