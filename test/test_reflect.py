@@ -226,3 +226,44 @@ def _settings(planner) -> dict:
     import dataclasses
 
     return dataclasses.asdict(planner.settings)
+
+
+def test_the_host_loop_reflects_the_free_width_format(tiny):
+    """WAM-Diff2's free width (format 1) decodes on the host loop under the host grammar: the same repair there."""
+    from wamdiff_ros.decoding.constraint import WaypointConstraint
+    from wamdiff_ros.decoding.host import CachedBackend, decode_blocks_host
+
+    bundle, tok = tiny.bundle, tiny.bundle.tokenizer
+    good = fmt.format_waypoints(GOOD, version=1)
+    position = good.index("25.00")  # the tens digit of waypoint 5's x
+    drafted = good[:position] + "1" + good[position + 1:]
+    settings = DecodeSettings(block_size=32, steps=32, threshold=0.5, max_new_tokens=96)
+    vocab = bundle.model.get_output_embeddings().weight.shape[0]
+    constraint = WaypointConstraint(tok, bundle.eos_token_id, settings.max_new_tokens, vocab, format_version=1)
+
+    def run(check):
+        ids = [tok.convert_tokens_to_ids(c) for c in drafted] + [bundle.eos_token_id]
+        ids += [bundle.eos_token_id] * (settings.max_new_tokens - len(ids))
+        engine = DecoderEngine(bundle.model, 256, "sdpa")
+        source = Crafted(engine, vocab, ids, {position: tok.convert_tokens_to_ids("2")})
+
+        def forward(block, commit=False):
+            out = source(block)
+            engine.forward_calls += 1
+            engine.length += block.shape[0] if commit else 0
+            return out
+
+        def commit_and_step(clean, block):
+            engine.length += clean.shape[0]
+            engine.forward_calls += 1
+            return source(block)
+
+        engine.forward, engine.commit_and_step = forward, commit_and_step
+        return decode_blocks_host(CachedBackend(engine), settings, bundle.mask_token_id, bundle.eos_token_id,
+                                  constraint, check=check, rounds=2 if check else 0)
+
+    plain = run(None)
+    assert tok.decode(plain.tokens[:-1]) == drafted and plain.reflection is None
+    result = run(check_for(tiny))
+    assert tok.decode([t for t in result.tokens if t != bundle.eos_token_id]) == good
+    assert result.reflection.edited == [4] and result.forward_calls == plain.forward_calls

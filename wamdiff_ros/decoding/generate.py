@@ -71,8 +71,8 @@ def generate(
     """``grammar``: ``constraint`` as a per-position allowed-token mask (``grammar_mask.grammar_mask``), which lets
     a constrained plan decode on the runner. ``deadline`` (``time.perf_counter()``): block decoding on the runner
     answers its best so far once it passes (``block``'s "Anytime"); the other paths run to the end. ``check`` and
-    ``reflect_rounds``: block decoding on the runner repairs a draft that fails the plan checker (``reflect.py``);
-    the other paths leave the check to the caller."""
+    ``reflect_rounds``: block decoding (on the runner, or the host loop without a step trace) repairs a draft that
+    fails the plan checker (``reflect.py``); AR decoding leaves the check to the caller."""
     mode = resolve_mode(bundle, settings, mode)
     model, device = bundle.model, bundle.device
     t0 = time.perf_counter()
@@ -103,8 +103,8 @@ def generate(
         result = decode_blocks(runner, settings, bundle.eos_token_id, ignore_eos, deadline, check, reflect_rounds)
     else:
         result = decode_blocks_host(
-            CachedBackend(engine), settings, bundle.mask_token_id, bundle.eos_token_id, constraint, ignore_eos, on_step
-        )
+            CachedBackend(engine), settings, bundle.mask_token_id, bundle.eos_token_id, constraint, ignore_eos, on_step,
+            check if on_step is None else None, reflect_rounds)
     _sync(device)
     t3 = time.perf_counter()
     return Generation(result, mode, t1 - t0, t2 - t1, t3 - t2)

@@ -151,8 +151,52 @@ def _past(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() >= deadline
 
 
+class Denoiser(Protocol):
+    """What re-denoising needs from a decode loop: the runner's (``RunnerDenoiser``) or the host loop's
+    (``host.HostDenoiser``)."""
+
+    mask_id: int
+
+    @property
+    def forward_calls(self) -> int: ...
+
+    def rewind(self, length: int) -> None: ...  # forget the cache from ``length`` on
+
+    def block(self, j: int, n: int, offset: int, pending: torch.Tensor | None, start: list[int], steps: int,
+              deadline: float | None) -> tuple[list[int], list[float], list[list[int]], list[list[float]]] | None:
+        ...  # block ``j`` from ``start`` ([MASK] = to denoise), committing ``pending``; None when cut by the deadline
+
+
+class RunnerDenoiser:
+    """Re-denoising on a ``GraphRunner``: its step, replayed where captured."""
+
+    def __init__(self, runner: GraphRunner) -> None:
+        self.runner, self.mask_id = runner, runner.mask_id
+
+    @property
+    def forward_calls(self) -> int:
+        return self.runner.engine.forward_calls
+
+    def rewind(self, length: int) -> None:
+        self.runner.rewind(length)
+
+    def block(self, j, n, offset, pending, start, steps, deadline):
+        runner = self.runner
+        runner.start_block(n, offset, pending, tokens=torch.tensor(start, dtype=torch.long, device=runner.engine.device))
+        runner.step()
+        done = 1
+        while done < steps and runner.masks_left():
+            if _past(deadline):
+                return None
+            runner.step()
+            done += 1
+        block, conf = runner.finish_block()
+        cand_t, cand_p = runner.block_candidates()
+        return block.tolist(), conf.tolist(), cand_t.tolist(), cand_p.tolist()
+
+
 @torch.inference_mode()
-def redenoise(runner: GraphRunner, draft: Draft, remask: set[int], steps: int, deadline: float | None) -> bool:
+def redenoise(denoiser: Denoiser, draft: Draft, remask: set[int], steps: int, deadline: float | None) -> bool:
     """Denoise the ``remask`` positions of ``draft`` again in place (the draft is updated): rewind the cache to the
     first block holding one (or to the last block it holds as it stands, if that is earlier), run each block up to the
     last such block with its other tokens fixed (a block with none only commits the one before). False, with the
@@ -162,44 +206,36 @@ def redenoise(runner: GraphRunner, draft: Draft, remask: set[int], steps: int, d
     first, last = min(block_of[min(remask)], draft.committed), block_of[max(remask)]
     tokens = list(draft.tokens)
     updates: dict[int, tuple[int, float, list[int], list[float]]] = {}
-    runner.rewind(draft.prefix + offsets[first])
-    device, mask_id = runner.engine.device, runner.mask_id
+    denoiser.rewind(draft.prefix + offsets[first])
     pending = None
     for j in range(first, last + 1):
         n, off = draft.block_sizes[j], offsets[j]
-        start = [mask_id if off + i in remask else tokens[off + i] for i in range(n)]
-        if _past(deadline):
+        start = [denoiser.mask_id if off + i in remask else tokens[off + i] for i in range(n)]
+        done = None if _past(deadline) else denoiser.block(j, n, off, pending, start, steps, deadline)
+        if done is None:
             draft.committed = min(draft.committed, j)
             return False
-        runner.start_block(n, off, pending, tokens=torch.tensor(start, dtype=torch.long, device=device))
-        runner.step()
-        done = 1
-        while done < steps and runner.masks_left():
-            if _past(deadline):
-                draft.committed = min(draft.committed, j)
-                return False
-            runner.step()
-            done += 1
-        block, conf = runner.finish_block()
-        cand_t, cand_p = runner.block_candidates()
-        block_l, conf_l, cand_tl, cand_pl = block.tolist(), conf.tolist(), cand_t.tolist(), cand_p.tolist()
+        block_l, conf_l, cand_tl, cand_pl = done
         for i in range(n):
             if off + i in remask:
                 updates[off + i] = (block_l[i], conf_l[i], cand_tl[i], cand_pl[i])
                 tokens[off + i] = block_l[i]
-        pending = block
+        pending = torch.tensor(block_l, dtype=torch.long)
     for p, (t, c, ct, cp) in updates.items():
         draft.tokens[p], draft.confidence[p], draft.cand_tokens[p], draft.cand_probs[p] = t, c, ct, cp
     draft.committed = last  # the blocks before it are in the cache; it and the ones after are not (or stale)
     return True
 
 
-def reflect(runner: GraphRunner, draft: Draft, check: PlanCheck, rounds: int, steps: int,
+def reflect(denoiser: Denoiser | GraphRunner, draft: Draft, check: PlanCheck, rounds: int, steps: int,
             deadline: float | None = None) -> ReflectStats:
-    """Repair ``draft`` in place (the module's rounds); returns what was done."""
+    """Repair ``draft`` in place (the module's rounds) with ``denoiser`` (a runner is taken as its
+    ``RunnerDenoiser``); returns what was done."""
+    if isinstance(denoiser, GraphRunner):
+        denoiser = RunnerDenoiser(denoiser)
     before = list(draft.tokens)
     stats = ReflectStats(draft=before)
-    calls = runner.engine.forward_calls
+    calls = denoiser.forward_calls
     for _ in range(rounds):
         failing = check.failing(draft.tokens)
         if not failing:
@@ -236,11 +272,11 @@ def reflect(runner: GraphRunner, draft: Draft, check: PlanCheck, rounds: int, st
             for v in check.failing(draft.tokens):
                 if v > w:
                     remask.update(check.span(draft.tokens, v))
-            if not redenoise(runner, draft, remask, steps, deadline):
+            if not redenoise(denoiser, draft, remask, steps, deadline):
                 stats.cut = True
                 break
             stats.remasked += len(remask)
-    stats.extra_forwards = runner.engine.forward_calls - calls
+    stats.extra_forwards = denoiser.forward_calls - calls
     changed = {p for p, (a, b) in enumerate(zip(before, draft.tokens)) if a != b}
     stats.edited = [w for w in range(check.num_waypoints) if changed & set(check.span(draft.tokens, w))]
     return stats
