@@ -86,6 +86,7 @@ class GraphRunner:
         self.vocab = vocab
         self._logits = torch.zeros(max_block, vocab, dtype=engine.dtype, device=dev)  # the LM head writes here
         self._probs = torch.zeros(max_block, vocab, **f32)  # the softmax of the scores
+        self._views: dict[int, tuple] = {}  # n -> the buffers' first n rows (``_first_rows``)
         self._scores: torch.Tensor | None = None  # (max_block, V) float32, the refused tokens at -inf (``_scratch``)
         # wide: a vocabulary where a step's (n, V) passes cost more than its ops (a real one); on the CPU the step
         # then goes in cache-sized pieces, over the rows still open, and keeps the logits' [MASK] column aside
@@ -209,7 +210,7 @@ class GraphRunner:
     def _step(self, n: int, n_clean: int, schedule: str) -> torch.Tensor:
         block, masked = self._block[:n], self._masked[:n]
         tokens = torch.cat([self._clean[:n_clean], block]) if n_clean else block
-        logits = self.engine.run_planned(tokens, n_clean, out=self._logits[:n])
+        logits = self.engine.run_planned(tokens, n_clean, out=self._first_rows(n)[0])
         p, pred = self._predict(logits, self._blocked[:n] if self.constrained else None, rows=self._open_rows(n))
         if schedule == "static":
             select = unmask_top_k(p, masked, self._k.index_select(0, self._step_index))
@@ -245,7 +246,18 @@ class GraphRunner:
         (made once, outside any capture)."""
         if self._scores is None:
             self._scores = torch.zeros_like(self._probs)
+            self._views.clear()
         return self._scores
+
+    def _first_rows(self, n: int) -> tuple:
+        """Views of the step buffers' first ``n`` rows (logits, probabilities, scores or None, the prediction's
+        probability and token), made once per n: a small vocabulary's step is a few dozen ops, each view one more."""
+        views = self._views.get(n)
+        if views is None:
+            scores = None if self._scores is None else self._scores[:n]
+            views = self._views[n] = (self._logits[:n], self._probs[:n], scores, self._step_prob[:n],
+                                      self._step_pred[:n])
+        return views
 
     def _open_rows(self, n: int) -> list[int] | None:
         """On the CPU, the block positions a step must predict: those no step of this block fixed yet (the masks,
@@ -270,7 +282,7 @@ class GraphRunner:
         made), and its first argmax is found in two cheap passes (``_first_max``). On a GPU the same ops are what a
         CUDA Graph captures. Returns views of ``_step_prob`` / ``_step_pred``."""
         n = logits.shape[0]
-        probs = self._probs[:n]
+        _, probs, all_scores, prob, pred = self._first_rows(n)
         spans = self._spans(n, rows)
         if refused is None and logits.dtype == torch.float32 and self._wide:
             if no_mask:
@@ -281,20 +293,24 @@ class GraphRunner:
             if no_mask:
                 logits.index_copy_(1, self._no_mask, self._saved[:n])
         else:
+            if all_scores is None:
+                all_scores = self._scratch()[:n]
             for a, b in spans:
-                scores = self._scratch()[a:b]
+                whole = b - a == n  # no views to make: the common case of a small vocabulary
+                scores, part = (all_scores, logits) if whole else (self._scores[a:b], logits[a:b])
                 if refused is not None:
+                    refused_part = refused if whole else refused[a:b]
                     if logits.dtype == torch.float32:
-                        torch.where(refused[a:b], self._neg_inf, logits[a:b], out=scores)
+                        torch.where(refused_part, self._neg_inf, part, out=scores)
                     else:
-                        scores.copy_(logits[a:b])
-                        scores.masked_fill_(refused[a:b], float("-inf"))
+                        scores.copy_(part)
+                        scores.masked_fill_(refused_part, float("-inf"))
                 else:
-                    scores.copy_(logits[a:b])
+                    scores.copy_(part)
                     if no_mask:
                         scores.index_fill_(1, self._no_mask, float("-inf"))
-                self._softmax(scores, a)
-        return self._first_max(probs, self._step_prob[:n], self._step_pred[:n])
+                self._softmax(scores, a, probs if whole else None)
+        return self._first_max(probs, prob, pred)
 
     def _spans(self, n: int, rows: list[int] | None) -> list[tuple[int, int]]:
         """The row ranges ``_predict`` works in: on the CPU at most ``CPU_SOFTMAX_ROWS`` rows each (of ``rows``, or
@@ -311,11 +327,13 @@ class GraphRunner:
                 spans.append((r, r + 1))
         return spans
 
-    def _softmax(self, scores: torch.Tensor, first: int) -> None:
-        """Rows ``first``... of ``_probs`` = softmax(``scores``) over the vocabulary (``torch.softmax``'s kernel
-        and bits) and, where ``_first_max`` chunks the vocabulary, each chunk's maximum into ``_chunk_max``."""
+    def _softmax(self, scores: torch.Tensor, first: int, probs: torch.Tensor | None = None) -> None:
+        """Rows ``first``... of ``_probs`` (``probs``: those rows, when the caller has them) = softmax(``scores``)
+        over the vocabulary (``torch.softmax``'s kernel and bits) and, where ``_first_max`` chunks the vocabulary,
+        each chunk's maximum into ``_chunk_max``."""
         rows, c = scores.shape[0], self._chunk
-        probs = self._probs[first:first + rows]
+        if probs is None:
+            probs = self._probs[first:first + rows]
         torch._softmax(scores, -1, False, out=probs)
         if c:
             torch.amax(probs.view(rows, -1, c), -1, out=self._chunk_max[first:first + rows])
