@@ -138,9 +138,9 @@ def _spy_prompts(planner, monkeypatch) -> list[str]:
     """The user prompts ``planner`` decodes from, in order."""
     prompts, run = [], planner._run
 
-    def spy(user_text, image, constraint, deadline=None):
+    def spy(user_text, image, constraint, deadline=None, check=None):
         prompts.append(user_text)
-        return run(user_text, image, constraint, deadline)
+        return run(user_text, image, constraint, deadline, check)
 
     monkeypatch.setattr(planner, "_run", spy)
     return prompts
