@@ -272,7 +272,7 @@ def test_blackbox_dump_round_trip_identical_bytes_and_custom_type(tmp_path, stor
     fed = []
     for topic, items in src.items():
         msgtype = {IMAGE: "sensor_msgs/msg/Image", ODOM: "nav_msgs/msg/Odometry",
-                   COMMAND: "wamdiff_ros/msg/DrivingCommand"}[topic]
+                   COMMAND: "wamdiff_ros/msg/DrivingCommand", ROUTE: "nav_msgs/msg/Path"}[topic]
         for t, raw in items:
             fed.append((t, topic, msgtype, raw))
     for t, topic, msgtype, raw in sorted(fed, key=lambda x: x[0]):
@@ -381,7 +381,7 @@ def test_replay_to_record_round_trip(tmp_path):
     log = (tmp_path / "record.log").read_text()
     assert rc == 0, log
     assert "recorded" in log and f"{IMAGE}: " in log
-    assert "replayed 301 messages" in (tmp_path / "replay.log").read_text()
+    assert "replayed 401 messages" in (tmp_path / "replay.log").read_text()
 
     src, got = _messages(SAMPLE), _messages(out)
     counts = {t: len(v) for t, v in got.items()}

@@ -320,7 +320,8 @@ def test_a_run_saves_the_route_flag_of_its_exports_manifest(tmp_path, monkeypatc
     assert meta["route_points"] is flag and meta["format_version"] == fmt.FORMAT_VERSION
     planner = Planner.from_pretrained(str(folder))
     seen: list[str] = []
-    monkeypatch.setattr(planner, "_run", lambda text, image, constraint, deadline=None: seen.append(text) or 1 / 0)
+    monkeypatch.setattr(planner, "_run", lambda text, image, constraint, deadline=None, check=None:
+                        seen.append(text) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
         planner.plan(np.zeros((48, 96, 3), np.uint8), EGO, "left", route=ROUTE)
     assert _line(seen[0]) == (fmt.route_line(ROUTE) if flag else None)

@@ -79,7 +79,7 @@ def test_prompts_are_byte_identical_to_the_planners(exported, tiny_bundle, monke
     class Captured(Exception):
         pass
 
-    def capture(user_text, image, constraint, deadline=None):
+    def capture(user_text, image, constraint, deadline=None, check=None):
         seen.append(user_text)
         raise Captured
 

@@ -128,7 +128,9 @@ def question_of(record: Record) -> str:
 def load_subject(path: str, label: str, args: argparse.Namespace, threshold: float, flag: str = "--checkpoint"
                  ) -> Subject:
     """The checkpoint on ``--device`` (fp32) with its decode settings: AR for next-token checkpoints, else blocks of
-    ``--block-size`` (default min(32, trained))."""
+    ``--block-size`` (default min(32, trained)); no reflection: the open-loop rows measure the model's own drafts
+    (its steps back, calls per token), comparable with every earlier run (``--closed-loop`` drives the planner as
+    shipped, reflection on)."""
     try:
         bundle = load(path, device=args.device)
         ar = bundle.meta.prediction == NEXT_TOKEN
@@ -136,7 +138,7 @@ def load_subject(path: str, label: str, args: argparse.Namespace, threshold: flo
         bundle.meta.check_block_size(block)
         settings = DecodeSettings(block_size=block, steps=args.steps or DecodeSettings().steps, threshold=threshold,
                                   schedule=args.schedule or DecodeSettings().schedule,
-                                  max_new_tokens=args.max_new_tokens)
+                                  max_new_tokens=args.max_new_tokens, reflect=False)
     except WamDiffError as exc:  # CheckpointError / DecodeSettingsError: say which checkpoint
         raise EvalError(f"{flag} {path}: {exc}") from exc
     return Subject(path, label, bundle, settings)
