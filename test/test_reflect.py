@@ -17,7 +17,7 @@ from wamdiff_ros.decoding import reflect as reflect_module
 from wamdiff_ros.decoding.block import decode_blocks
 from wamdiff_ros.decoding.engine import DecoderEngine
 from wamdiff_ros.decoding.graphs import GraphRunner
-from wamdiff_ros.decoding.reflect import Draft, reflect, search
+from wamdiff_ros.decoding.reflect import reflect, search
 from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.plan_check import AnswerCheck
 from wamdiff_ros.planner import EgoState, Planner
