@@ -39,8 +39,8 @@ class Limits:
     """What a plan may ask of the car, each limit with its reason. A plan is a target the follower tracks within the
     actuators' limits, not the motion itself: the CPU world's expert plans ask for more than a car does (a give-way
     plan stops within one step), and the model imitates them. So every limit sits above the most any expert plan asks
-    (1,088 expert frames, 6 seeds per scenario: accel 20.3 m/s², decel 25.2, lateral 15.7 m/s², curvature 0.16 1/m,
-    speed 28.0 m/s; ``test_plan_check.py`` keeps them passing) and below what one wrong digit makes: a tens digit of x
+    (1,088 expert frames, 6 seeds per scenario, measured once with a scratch rollout: accel 20.3 m/s², decel 25.2,
+    lateral 15.7 m/s², curvature 0.16 1/m, speed 28.0 m/s; ``test_plan_check.py`` re-checks a cut episode of each) and below what one wrong digit makes: a tens digit of x
     off by one is a 10 m jump, 20 m/s in one step, 40 m/s²; a sideways bin off by one is a 10 m step aside."""
 
     back_tolerance_m: float = 0.5  # x may dither this much: the expert's own plans step back at most 0.11 m

@@ -60,9 +60,6 @@ class ReflectStats:
     cut: bool = False  # a round was cut by the deadline
     draft: list[int] = field(default_factory=list)  # the tokens before reflection (past EOS too)
 
-    def as_dict(self) -> dict:
-        return {"rounds": self.rounds, "extra_forwards": self.extra_forwards, "searched": self.searched,
-                "remasked": self.remasked, "edited": list(self.edited), "cut": self.cut}
 
 
 @dataclass(slots=True)
