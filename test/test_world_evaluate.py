@@ -85,6 +85,14 @@ def test_realtime_flag_gives_both_modes(tmp_path, short_yaml):
     assert rows(md) == {("constant_velocity", "paused"), ("constant_velocity", "realtime")}
 
 
+def test_perturbations_are_recorded_per_episode_and_in_the_run(tmp_path, short_yaml):
+    report, _ = run(tmp_path / "p", short_yaml, "--perturb", "latency=2,frame_drop", "--baselines", "expert",
+                    scenarios="highway")
+    assert report["run"]["perturb"] == "latency=2+frame_drop=1"
+    (episode,) = report["episodes"]
+    assert episode["perturbation"]["label"] == "latency=2+frame_drop=1" and episode["perturbation"]["camera_ticks"] > 0
+
+
 def test_explicit_modes(tmp_path, short_yaml):
     report, _ = run(tmp_path / "c", short_yaml, "--modes", "realtime", "--baselines", "expert", scenarios="merge")
     assert {(e["planner"], e["mode"], e["scenario"]) for e in report["episodes"]} == {("expert", "realtime", "merge")}
@@ -127,8 +135,10 @@ def test_argument_errors_exit_2_naming_the_problem(tmp_path, short_yaml, capsys,
 
 
 @pytest.mark.parametrize("extra, needle", [(["--plan-hz", "0"], "plan"), (["--hardware-factor", "-1"], "hardware"),
-                                           (["--blend-tau", "-1"], "blend")],
-                         ids=["zero-plan-hz", "negative-hardware-factor", "negative-blend-tau"])
+                                           (["--blend-tau", "-1"], "blend"), (["--perturb", "fog"], "fog"),
+                                           (["--perturb", "gnss=3"], "severity")],
+                         ids=["zero-plan-hz", "negative-hardware-factor", "negative-blend-tau", "unknown-perturbation",
+                              "bad-severity"])
 def test_bad_loop_settings_are_argument_errors(tmp_path, short_yaml, capsys, extra, needle):
     """Like every other bad argument, these should exit 2 before any episode runs; main lets LoopConfig's
     ValueError escape from the first job instead (a traceback for a command-line user)."""

@@ -20,10 +20,12 @@ import numpy as np
 from wamdiff_ros import format as fmt
 from wamdiff_ros.control import FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
 from wamdiff_ros.control.stop import fallback_stop
+from wamdiff_ros.geometry import Pose2D
 from wamdiff_ros.plan_check import steps_back
 from wamdiff_ros.world.camera import CameraConfig, CameraFrame, FrontCamera
 from wamdiff_ros.world.expert import Expert
 from wamdiff_ros.world.metrics import EpisodeLog
+from wamdiff_ros.world.perturb import Perturbation, Perturber, label
 from wamdiff_ros.world.scenarios import ScenarioSet, ScenarioSpec
 from wamdiff_ros.world.sim import World
 
@@ -38,6 +40,7 @@ class LoopConfig:
     camera: CameraConfig = field(default_factory=CameraConfig)
     keep_frames: bool = False  # keep (image, plan) pairs for a video
     plan_blend_tau_s: float | None = None  # the follower's plan blending (s; 0 = off); None: the gains file's
+    perturb: tuple[Perturbation, ...] = ()  # deployment perturbations (``world/perturb.py``), seeded by the episode
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -46,17 +49,21 @@ class LoopConfig:
             raise ValueError("plan_hz and hardware_factor must be > 0")
         if self.plan_blend_tau_s is not None and not 0 <= self.plan_blend_tau_s < math.inf:
             raise ValueError(f"plan_blend_tau_s: expected a finite number >= 0, got {self.plan_blend_tau_s}")
+        if isinstance(self.perturb, str) or not all(isinstance(p, Perturbation) for p in self.perturb):
+            raise ValueError("perturb: expected Perturbation items (perturb.parse_perturbations)")
 
 
 @dataclass(slots=True)
 class Observation:
-    """What a planner may use. ``world`` is the privileged simulator state: only the expert reads it."""
+    """What a planner may use. ``world`` is the privileged simulator state: only the expert reads it. ``pose``: the
+    ego pose as the agent reads it (perturbed with ``gnss``), the world frame the planner's own memory is kept in."""
 
     frame: CameraFrame | None
     ego_velocity: tuple[float, float]
     ego_acceleration: tuple[float, float]
     command: fmt.Command
     world: World
+    pose: Pose2D | None = None  # None: the world's
 
 
 @dataclass(slots=True)
@@ -141,7 +148,7 @@ class ModelPlanner:
         ego = self._ego_state(obs.ego_velocity, obs.ego_acceleration)
         deadline = None if self.deadline_s is None else time.perf_counter() + self.deadline_s - self.margin_s
         p = self.planner.plan(obs.frame.image, ego, obs.command, route=route, deadline=deadline)
-        pose = obs.world.ego_pose
+        pose = obs.pose or obs.world.ego_pose
         if p.anytime:
             if self.on_deadline == "stop" or not p.valid:  # the node's flagged fallback: a stop along the last plan
                 stop = fallback_stop(math.hypot(*obs.ego_velocity), self._last_world, (pose.x, pose.y, pose.heading),
@@ -198,6 +205,11 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
         gains = dataclasses.replace(gains, plan_blend_tau_s=config.plan_blend_tau_s)
     follower, actuator = WaypointFollower(gains), HighwayEnvActuator(gains)
     camera = FrontCamera(world.geometry, config.camera) if planner.needs_camera or config.keep_frames else None
+    perturber = Perturber(config.perturb, seed, 1.0 / world.dt)
+
+    def render() -> CameraFrame | None:
+        return camera.render(world.ego_pose, world.others()) if camera is not None else None
+
     planner.reset(world)
     period = 1.0 / config.plan_hz
     next_request, active, pending = 0.0, None, None  # pending: (effective time, plan)
@@ -205,12 +217,18 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
     cut = {"anytime": 0, "stop": 0}
     quality = PlanQuality()
     while not world.done:
+        # What the agent reads this tick (the world's own state unless a perturbation is on).
+        pose = perturber.pose(world.ego_pose)
+        speed_factor = perturber.speed_factor()
         if pending is not None and world.t >= pending[0] - 1e-9:
             active, pending = pending[1], None
         if pending is None and world.t >= next_request - 1e-9:
-            frame = camera.render(world.ego_pose, world.others()) if camera is not None else None
-            obs = Observation(frame, world.ego_velocity(), world.ego_acceleration(), world.command, world)
-            route = world.route_points()  # the route source's part, not the planner's: outside the latency
+            frame = perturber.camera(render)
+            velocity = tuple(float(v) * speed_factor for v in world.ego_velocity())
+            obs = Observation(frame, velocity, world.ego_acceleration(), world.command, world, pose)
+            # the route source's part, not the planner's: outside the latency
+            route = pose.to_ego(world.route_centre(fmt.ROUTE_AHEAD_M)) if perturber.perturbs_pose else \
+                world.route_points()
             t0 = time.perf_counter()
             result = planner.plan(obs, route=route)
             latency = time.perf_counter() - t0
@@ -219,7 +237,7 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
             quality.add(result, latency)
             if result.deadline:
                 cut[result.deadline] += 1
-            tracked = TrackedPlan(result.waypoints, world.ego_pose, world.t, valid=result.valid)
+            tracked = TrackedPlan(result.waypoints, pose, world.t, valid=result.valid)
             if config.mode == "paused":
                 active = tracked
             else:
@@ -228,10 +246,14 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
             if config.keep_frames and frame is not None:
                 frames.append((frame.image, np.asarray(result.waypoints), result.boxes,
                                f"{spec.name} t={world.t:4.1f}s {world.command.value} v={world.ego_speed:4.1f}m/s"))
-        control = follower.step(active, world.ego_pose, world.ego_speed, world.t)
-        world.step(*actuator(control))
+        control = follower.step(active, pose, world.ego_speed * speed_factor, world.t)
+        perturber.before_tick(render)
+        world.step(*perturber.actuate(actuator(control)))
+        perturber.after_tick()
         steps += 1
     log = world.episode_log(planner.name, config.mode, latencies, calls / tokens if tokens else None)
     log.plans_cut, log.anytime_plans = cut["anytime"] + cut["stop"], cut["anytime"]
     log.plan_quality = quality.as_dict()
+    if perturber.active:
+        log.perturbation = {"label": label(config.perturb), **perturber.stats}
     return EpisodeResult(log, steps, time.perf_counter() - start, frames)

@@ -24,6 +24,9 @@ from wamdiff_ros.provenance import host_info
 from wamdiff_ros.world.closed_loop import (MODES, ConstantVelocityPlanner, EpisodeResult, ExpertPlanner, LoopConfig,
                                            ModelPlanner, run_episode)
 from wamdiff_ros.world.metrics import EpisodeLog, score_episode
+from wamdiff_ros.world.perturb import NAMES as PERTURBATIONS
+from wamdiff_ros.world.perturb import label as perturb_label
+from wamdiff_ros.world.perturb import parse_perturbations
 from wamdiff_ros.world.report import write_report
 from wamdiff_ros.world.scenarios import SPLIT_SEED_BASE, ScenarioError, load_scenarios
 from wamdiff_ros.world.sim import World
@@ -218,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blend-tau", type=float, default=None,
                    help="the follower's plan blending: weight exp(-age / tau) of earlier plans (s; 0 = off; default: "
                         "the gains file's)")
+    p.add_argument("--perturb", default=None, metavar="NAME[=SEVERITY],...",
+                   help=f"deployment perturbations after Bench2Drive-Robust, composable: {', '.join(PERTURBATIONS)}; "
+                        "severity 1 (its default, the default here) or 2 (see wamdiff_ros/world/perturb.py)")
     p.add_argument("--deadline-ms", type=float, default=None,
                    help="give each model plan this long (wall clock) and run the model twice, as model_anytime (a plan "
                         "cut at the deadline drives its best so far when valid) and model_stop (the fallback stop)")
@@ -253,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--episodes must be >= 1")
     config = {"plan_hz": args.plan_hz, "hardware_factor": args.hardware_factor, "plan_blend_tau_s": args.blend_tau}
     try:  # LoopConfig's own checks, as argument errors before any episode runs
+        config["perturb"] = parse_perturbations(args.perturb)
         LoopConfig(**config)
     except ValueError as err:
         parser.error(str(err))
@@ -298,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
                      "scenario_set": scenario_set.source,
                      "scenario_version": scenario_set.version, "modes": modes, "planners": planners,
                      "episodes_per_scenario": args.episodes, "first_seed": args.seed, "workers": args.workers,
-                     "wall_s": round(time.perf_counter() - start, 1), "throughput": throughput, **config,
+                     "wall_s": round(time.perf_counter() - start, 1), "throughput": throughput,
+                     **{**config, "perturb": perturb_label(config["perturb"])},
                      "deadline_ms": args.deadline_ms, "anytime_margin_ms": args.anytime_margin_ms if deadline else None,
                      "host": host_info()}
     paths.json.write_text(json.dumps(report, indent=1))

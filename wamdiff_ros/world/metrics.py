@@ -131,6 +131,7 @@ class EpisodeLog:
     plans_cut: int = 0  # plans cut at a planning deadline (``wamdiff-eval --deadline-ms``) ...
     anytime_plans: int = 0  # ... of which the best-so-far plan was driven (the rest: the fallback stop)
     plan_quality: dict = field(default_factory=dict)  # ``closed_loop.PlanQuality.as_dict()``: plans stepping back, ...
+    perturbation: dict = field(default_factory=dict)  # ``perturb.Perturber``: its label and what it did ({} = clean)
 
     def __post_init__(self) -> None:
         for name in _TRACE_FIELDS:
@@ -231,6 +232,7 @@ class EpisodeScore:
     end_phase: str = ""  # see EpisodeLog
     end_junction_m: float | None = None
     plan_quality: dict = field(default_factory=dict)  # see EpisodeLog
+    perturbation: dict = field(default_factory=dict)  # see EpisodeLog
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -269,4 +271,4 @@ def score_episode(log: EpisodeLog) -> EpisodeScore:
         duration_s=float(log.t[-1] - log.t[0]) if log.steps else 0.0,
         infractions=dict(counts), forward_calls_per_token=log.forward_calls_per_token, end_phase=log.end_phase,
         end_junction_m=None if log.end_junction_m is None else round(float(log.end_junction_m), 2),
-        plan_quality=dict(log.plan_quality))
+        plan_quality=dict(log.plan_quality), perturbation=dict(log.perturbation))
