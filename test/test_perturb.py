@@ -231,3 +231,26 @@ def test_frame_drop_and_latency_in_an_episode(short_set, monkeypatch):
     repeats = sum(np.array_equal(a["image"], b["image"]) for a, b in zip(rec.seen, rec.seen[1:]))
     assert repeats >= stats["repeated_frames"] - stats["bursts"]
     assert applied[:2] == [(0.0, 0.0), (0.0, 0.0)]  # 100 ms at 20 Hz: the first command acts on tick 3
+
+
+def test_with_the_answer_a_repeated_frame_is_not_planned_as_new(short_set, monkeypatch):
+    monkeypatch.setitem(LEVELS, "frame_drop", ({"p": 0.3, "max_ticks": 5}, LEVELS["frame_drop"][1]))
+    spec = short_set.get("highway")
+    config = dict(plan_hz=20.0, perturb=parse_perturbations("frame_drop"))
+    plain, answered = Recorder(), Recorder()
+    run_episode(spec, SEED, plain, LoopConfig(**config), short_set)
+    log = run_episode(spec, SEED, answered, LoopConfig(**config, answers=("repeated_frame",)), short_set).log
+    same = lambda seen: sum(np.array_equal(a["image"], b["image"]) for a, b in zip(seen, seen[1:]))  # noqa: E731
+    assert same(plain.seen) > 5 and same(answered.seen) == 0
+    assert log.perturbation["repeats_skipped"] > 5 and log.perturbation["answers"] == ["repeated_frame"]
+    assert len(answered.seen) + log.perturbation["repeats_skipped"] == len(plain.seen)
+
+
+def test_answers_are_checked_and_leave_a_clean_episode_close_to_unanswered(short_set):
+    with pytest.raises(ValueError, match="answers"):
+        LoopConfig(answers=("prayer",))
+    spec = short_set.get("highway")
+    a = run_episode(spec, SEED, ExpertPlanner(), LoopConfig(), short_set).log
+    b = run_episode(spec, SEED, ExpertPlanner(), LoopConfig(answers=closed_loop.ANSWERS), short_set).log
+    assert b.perturbation["pose_jumps"] == 0 and b.perturbation["speed_scaled"] == 0
+    assert np.abs(a.x - b.x).max() < 0.5 and np.abs(a.speed - b.speed).max() < 0.5

@@ -170,9 +170,42 @@ class WaypointFollower:
         self._last_valid: TrackedPlan | None = None
         self._stopped_since: float | None = None
         self._creep_until: float | None = None
+        self._in_flight: deque[tuple[float, float]] = deque(maxlen=max(self._delay_steps(), 1))  # commands sent
+
+    def predict(self, pose: Pose2D, speed: float) -> tuple[Pose2D, float]:
+        """Where the car will be when a command sent now acts, ``actuation_delay_s`` (k control periods) later: after
+        the k commands sent before it, each acting for one period (none known yet: coasting straight, as a FIFO
+        filled with zero commands does), on a kinematic bicycle about the car's centre (``wheelbase_m``), as
+        highway-env's."""
+        g = self.gains
+        k = self._delay_steps()
+        commands = list(self._in_flight)[-k:] if k else []
+        commands = [(0.0, 0.0)] * (k - len(commands)) + commands
+        x = y = heading = 0.0
+        v, dt = speed, g.control_period_s
+        for acceleration, steer in commands:
+            beta = math.atan(0.5 * math.tan(steer))
+            x, y = x + v * dt * math.cos(heading + beta), y + v * dt * math.sin(heading + beta)
+            heading += v * math.sin(beta) / (0.5 * g.wheelbase_m) * dt
+            v = max(v + acceleration * dt, 0.0)
+        (wx, wy), = pose.to_world(np.array([[x, y]]))
+        return Pose2D(float(wx), float(wy), pose.heading + heading), v
+
+    def _delay_steps(self) -> int:
+        return int(round(self.gains.actuation_delay_s / self.gains.control_period_s))
 
     def step(self, plan: TrackedPlan | None, pose: Pose2D, speed: float, t: float) -> Control:
-        """``speed``: signed speed along the heading (m/s); ``t``: sim time (s), the clock of ``plan.stamp``."""
+        """``speed``: signed speed along the heading (m/s); ``t``: sim time (s), the clock of ``plan.stamp``. With an
+        ``actuation_delay_s`` the command is for the predicted state when it acts (``predict``)."""
+        g = self.gains
+        if self._delay_steps() == 0:
+            return self._step(plan, pose, speed, t)
+        pose, speed = self.predict(pose, speed)
+        control = self._step(plan, pose, speed, t + g.actuation_delay_s)
+        self._in_flight.append((control.acceleration, control.steer))
+        return control
+
+    def _step(self, plan: TrackedPlan | None, pose: Pose2D, speed: float, t: float) -> Control:
         g = self.gains
         period = t - self._last_t if self._last_t is not None and t > self._last_t else g.control_period_s
         self._last_t = t

@@ -53,6 +53,11 @@ class FollowerGains:
     # Each new plan is averaged with the earlier ones at the same instants, weight exp(-age / tau); 0 = off
     # (wamdiff_ros.control.blend).
     plan_blend_tau_s: float = 0.0
+    # A known delay between the follower's command and the actuator acting on it (s; 0 = none): the follower
+    # predicts where the car will be when its command acts (the commands still on their way, a kinematic bicycle of
+    # wheelbase_m) and follows the plan there and then.
+    actuation_delay_s: float = 0.0
+    wheelbase_m: float = 2.9
     # CARLA only: throttle = throttle_per_mps2 x acceleration (<= max_throttle), brake = brake_per_mps2 x deceleration.
     throttle_per_mps2: float = 0.25
     max_throttle: float = 0.75
@@ -96,11 +101,12 @@ class FollowerGains:
         for f in dataclasses.fields(self):
             if getattr(self, f.name) < 0:
                 raise GainsError(f"{name}.{f.name}", f"must be >= 0, got {getattr(self, f.name)}")
-        for key in ("lateral_window", "speed_window", "control_period_s", "max_steer_rad", "brake_ratio"):
+        for key in ("lateral_window", "speed_window", "control_period_s", "max_steer_rad", "brake_ratio", "wheelbase_m"):
             if getattr(self, key) <= 0:
                 raise GainsError(f"{name}.{key}", f"must be > 0, got {getattr(self, key)}")
-        if not math.isfinite(self.plan_blend_tau_s):
-            raise GainsError(f"{name}.plan_blend_tau_s", f"must be finite, got {self.plan_blend_tau_s}")
+        for key in ("plan_blend_tau_s", "actuation_delay_s"):
+            if not math.isfinite(getattr(self, key)):
+                raise GainsError(f"{name}.{key}", f"must be finite, got {getattr(self, key)}")
         if self.lookahead_min_m > self.lookahead_max_m:
             raise GainsError(f"{name}.lookahead_max_m", f"below lookahead_min_m ({self.lookahead_min_m})")
 

@@ -21,6 +21,7 @@ from wamdiff_ros import format as fmt
 from wamdiff_ros.control import FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
 from wamdiff_ros.control.stop import fallback_stop
 from wamdiff_ros.geometry import Pose2D
+from wamdiff_ros.input_guard import EgoStateFilter, RepeatedFrameGate
 from wamdiff_ros.plan_check import steps_back
 from wamdiff_ros.world.camera import CameraConfig, CameraFrame, FrontCamera
 from wamdiff_ros.world.expert import Expert
@@ -30,6 +31,10 @@ from wamdiff_ros.world.scenarios import ScenarioSet, ScenarioSpec
 from wamdiff_ros.world.sim import World
 
 MODES = ("paused", "realtime")
+# The node's answers to imperfect inputs (``input_guard``; the node's parameters of the same names):
+# a repeated camera frame is not planned as new; the ego pose and speed go through ``EgoStateFilter``; the follower
+# compensates the actuation delay it is told (here: the latency perturbation's).
+ANSWERS = ("repeated_frame", "ego_filter", "actuation_delay")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,7 @@ class LoopConfig:
     keep_frames: bool = False  # keep (image, plan) pairs for a video
     plan_blend_tau_s: float | None = None  # the follower's plan blending (s; 0 = off); None: the gains file's
     perturb: tuple[Perturbation, ...] = ()  # deployment perturbations (``world/perturb.py``), seeded by the episode
+    answers: tuple[str, ...] = ()  # the node's answers to them (``ANSWERS``), as the node's parameters switch them
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -51,6 +57,8 @@ class LoopConfig:
             raise ValueError(f"plan_blend_tau_s: expected a finite number >= 0, got {self.plan_blend_tau_s}")
         if isinstance(self.perturb, str) or not all(isinstance(p, Perturbation) for p in self.perturb):
             raise ValueError("perturb: expected Perturbation items (perturb.parse_perturbations)")
+        if isinstance(self.answers, str) or set(self.answers) - set(ANSWERS):
+            raise ValueError(f"answers: expected some of {ANSWERS}, got {self.answers!r}")
 
 
 @dataclass(slots=True)
@@ -203,9 +211,14 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
     gains = gains or FollowerGains.for_world("highway_env")
     if config.plan_blend_tau_s is not None:
         gains = dataclasses.replace(gains, plan_blend_tau_s=config.plan_blend_tau_s)
+    perturber = Perturber(config.perturb, seed, 1.0 / world.dt)
+    if "actuation_delay" in config.answers:
+        gains = dataclasses.replace(gains, actuation_delay_s=perturber.delay_ticks * world.dt)
     follower, actuator = WaypointFollower(gains), HighwayEnvActuator(gains)
     camera = FrontCamera(world.geometry, config.camera) if planner.needs_camera or config.keep_frames else None
-    perturber = Perturber(config.perturb, seed, 1.0 / world.dt)
+    gate = RepeatedFrameGate() if "repeated_frame" in config.answers and planner.needs_camera else None
+    ego_filter = EgoStateFilter() if "ego_filter" in config.answers else None
+    repeats_skipped = 0
 
     def render() -> CameraFrame | None:
         return camera.render(world.ego_pose, world.others()) if camera is not None else None
@@ -220,15 +233,25 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
         # What the agent reads this tick (the world's own state unless a perturbation is on).
         pose = perturber.pose(world.ego_pose)
         speed_factor = perturber.speed_factor()
+        speed = world.ego_speed * speed_factor
+        if ego_filter is not None:
+            estimate = ego_filter.update(world.t, pose.x, pose.y, pose.heading, speed)
+            pose = Pose2D(estimate.x, estimate.y, estimate.heading)
+            speed_factor = estimate.speed / world.ego_speed if world.ego_speed > 1e-3 else 1.0
+            speed = estimate.speed
         if pending is not None and world.t >= pending[0] - 1e-9:
             active, pending = pending[1], None
-        if pending is None and world.t >= next_request - 1e-9:
-            frame = perturber.camera(render)
+        due = pending is None and world.t >= next_request - 1e-9
+        frame = perturber.camera(render) if due else None
+        if due and gate is not None and frame is not None and gate.repeated(frame.image, speed):
+            # a frozen camera: not planned as new; the last plan is followed (until max_plan_age_s)
+            repeats_skipped, next_request, due = repeats_skipped + 1, world.t + period, False
+        if due:
             velocity = tuple(float(v) * speed_factor for v in world.ego_velocity())
             obs = Observation(frame, velocity, world.ego_acceleration(), world.command, world, pose)
             # the route source's part, not the planner's: outside the latency
-            route = pose.to_ego(world.route_centre(fmt.ROUTE_AHEAD_M)) if perturber.perturbs_pose else \
-                world.route_points()
+            route = pose.to_ego(world.route_centre(fmt.ROUTE_AHEAD_M)) if perturber.perturbs_pose or ego_filter \
+                else world.route_points()
             t0 = time.perf_counter()
             result = planner.plan(obs, route=route)
             latency = time.perf_counter() - t0
@@ -246,7 +269,7 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
             if config.keep_frames and frame is not None:
                 frames.append((frame.image, np.asarray(result.waypoints), result.boxes,
                                f"{spec.name} t={world.t:4.1f}s {world.command.value} v={world.ego_speed:4.1f}m/s"))
-        control = follower.step(active, pose, world.ego_speed * speed_factor, world.t)
+        control = follower.step(active, pose, speed, world.t)
         perturber.before_tick(render)
         world.step(*perturber.actuate(actuator(control)))
         perturber.after_tick()
@@ -254,6 +277,10 @@ def run_episode(spec: ScenarioSpec, seed: int, planner: ClosedLoopPlanner, confi
     log = world.episode_log(planner.name, config.mode, latencies, calls / tokens if tokens else None)
     log.plans_cut, log.anytime_plans = cut["anytime"] + cut["stop"], cut["anytime"]
     log.plan_quality = quality.as_dict()
-    if perturber.active:
-        log.perturbation = {"label": label(config.perturb), **perturber.stats}
+    if perturber.active or config.answers:
+        log.perturbation = {"label": label(config.perturb), **perturber.stats, "answers": list(config.answers)}
+        if gate is not None:
+            log.perturbation["repeats_skipped"] = repeats_skipped
+        if ego_filter is not None:
+            log.perturbation.update(pose_jumps=ego_filter.jumps, speed_scaled=ego_filter.scaled)
     return EpisodeResult(log, steps, time.perf_counter() - start, frames)

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from wamdiff_ros.cli import add_decode_settings_args, decode_overrides
 from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, is_model
 from wamdiff_ros.provenance import host_info
-from wamdiff_ros.world.closed_loop import (MODES, ConstantVelocityPlanner, EpisodeResult, ExpertPlanner, LoopConfig,
+from wamdiff_ros.world.closed_loop import (ANSWERS, MODES, ConstantVelocityPlanner, EpisodeResult, ExpertPlanner, LoopConfig,
                                            ModelPlanner, run_episode)
 from wamdiff_ros.world.metrics import EpisodeLog, score_episode
 from wamdiff_ros.world.perturb import NAMES as PERTURBATIONS
@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--perturb", default=None, metavar="NAME[=SEVERITY],...",
                    help=f"deployment perturbations after Bench2Drive-Robust, composable: {', '.join(PERTURBATIONS)}; "
                         "severity 1 (its default, the default here) or 2 (see wamdiff_ros/world/perturb.py)")
+    p.add_argument("--answers", default="none", metavar="NAME,...|all|none",
+                   help=f"the node's answers to the perturbations: {', '.join(ANSWERS)} (default none)")
     p.add_argument("--deadline-ms", type=float, default=None,
                    help="give each model plan this long (wall clock) and run the model twice, as model_anytime (a plan "
                         "cut at the deadline drives its best so far when valid) and model_stop (the fallback stop)")
@@ -260,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     config = {"plan_hz": args.plan_hz, "hardware_factor": args.hardware_factor, "plan_blend_tau_s": args.blend_tau}
     try:  # LoopConfig's own checks, as argument errors before any episode runs
         config["perturb"] = parse_perturbations(args.perturb)
+        config["answers"] = tuple(ANSWERS) if args.answers == "all" else () if args.answers in ("", "none") else \
+            tuple(a.strip() for a in args.answers.split(","))
         LoopConfig(**config)
     except ValueError as err:
         parser.error(str(err))
@@ -306,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                      "scenario_version": scenario_set.version, "modes": modes, "planners": planners,
                      "episodes_per_scenario": args.episodes, "first_seed": args.seed, "workers": args.workers,
                      "wall_s": round(time.perf_counter() - start, 1), "throughput": throughput,
-                     **{**config, "perturb": perturb_label(config["perturb"])},
+                     **{**config, "perturb": perturb_label(config["perturb"]), "answers": list(config["answers"])},
                      "deadline_ms": args.deadline_ms, "anytime_margin_ms": args.anytime_margin_ms if deadline else None,
                      "host": host_info()}
     paths.json.write_text(json.dumps(report, indent=1))
