@@ -293,6 +293,39 @@ def test_bridge_steps_on_after_the_sync_timeout_and_brakes_without_plans(isolate
     assert bridge.episode.world.ego_speed < 24.0 - 3.0  # no plan: the follower brakes
 
 
+@pytest.mark.ros
+def test_bridge_applies_the_perturbations_to_what_the_agent_reads_and_actuates(isolated, tmp_path, monkeypatch):
+    """Through ROS, as wamdiff-closed-loop-ros --perturb runs them: the camera repeats its image during a burst (new
+    stamp), the odometry's position carries the GNSS noise and its twist the speed noise, the results say so."""
+    from wamdiff_ros.world import perturb
+
+    monkeypatch.setitem(perturb.LEVELS, "frame_drop", ({"p": 0.3, "max_ticks": 5}, perturb.LEVELS["frame_drop"][1]))
+    images, stamps = [], []
+    real = FakePlanner._on_image
+
+    def record(self, msg):
+        images.append(bytes(msg.data))
+        stamps.append(conv.stamp_ns(msg.header.stamp))
+        real(self, msg)
+
+    monkeypatch.setattr(FakePlanner, "_on_image", record)
+    path = tmp_path / "r.json"
+    bridge, fake = run_bridge(isolated, planner={}, max_sim_s=2.0, perturb="frame_drop,gnss,speed=2",
+                              results_json=str(path))
+    assert len(images) >= 15 and len(set(stamps)) == len(stamps)  # every frame has its own stamp ...
+    assert sum(a == b for a, b in zip(images, images[1:])) >= 3  # ... and some repeat the image before
+    ys = np.array([o.pose.pose.position.y for o in fake.odometry[1:]])
+    assert 2.0 < np.std(ys) < 10.0  # GNSS noise, sigma 5 m, on a straight road
+    results = json.loads(path.read_text())
+    episode = results["episodes"][0]
+    true_speed = episode["distance_m"] / episode["sim_s"]
+    read = np.mean([o.twist.twist.linear.x for o in fake.odometry[1:]])
+    assert 0.35 < read / true_speed < 0.65  # N(0.5, 0.2): read as about half
+    assert results["perturb"] == "frame_drop=1+gnss=1+speed=2"
+    stats = results["episodes"][0]["perturbation"]
+    assert stats["bursts"] >= 3 and stats["repeated_frames"] >= 3
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # launch file and parameter files (static: `launch` is not on PyPI)
 

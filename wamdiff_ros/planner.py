@@ -72,6 +72,7 @@ class Plan:
     edited_waypoints: tuple[int, ...] = ()  # 0-based
     implausible: str = ""  # the plan still fails the checker: its first violation (``DecodeSettings.implausible_action``)
     draft_stepped_back: bool = False  # before reflection, an x lay > 0.5 m behind the one before (``plan_check``)
+    held: bool = False  # not planned: the last valid plan re-timed to a repeated frame (the node's ``control.hold``)
 
 
 @dataclass(frozen=True, slots=True)

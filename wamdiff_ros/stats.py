@@ -45,6 +45,10 @@ class Counters:
     anytime: int = 0  # plans cut at the deadline whose best-so-far plan was published (flagged anytime)
     repaired: int = 0  # plans published with waypoints reflection repaired (flagged edited)
     implausible: int = 0  # plans that still failed the plan checker (published flagged, or the fallback)
+    repeated_frames: int = 0  # frames repeating the last planned one while moving (repeated_frame_check): not planned
+    held: int = 0  # ... answered by the last valid plan re-timed (within max_plan_age_s; else the fallback)
+    pose_jumps: int = 0  # odometry positions further from the prediction than the gate (ego_filter): pulled less
+    speed_scaled: int = 0  # odometry speeds corrected for a speedometer scale found against the positions (ego_filter)
     last_error: str = ""
     reasons: dict[str, int] = field(default_factory=dict)
 

@@ -36,7 +36,8 @@ from wamdiff_ros.decoding.settings import DecodeSettings
 from wamdiff_ros.errors import WamDiffError
 from wamdiff_ros.model import torch_dtype
 from wamdiff_ros.msg import DrivingCommand
-from wamdiff_ros.planner import Planner
+from wamdiff_ros.input_guard import EgoStateFilter
+from wamdiff_ros.planner import EgoState, Planner
 from wamdiff_ros.ros import conversions as conv
 from wamdiff_ros.ros.common import declare_parameters, diagnostics_msg, spin_nodes
 from wamdiff_ros.ros.cycle import CycleInputs, Frame
@@ -70,6 +71,7 @@ class PlannerNode(LifecycleNode):
         self.planner: Planner | None = None
         self.counters = Counters()
         self.estimator = conv.EgoEstimator()
+        self.ego_filter = EgoStateFilter()  # used while ego_filter is on
         self.inputs = CycleInputs()
         self.outputs: NodeOutputs | None = None
         self.side = SideTasks(self.config.detect_hz, self.config.describe_hz, SideOutputs(
@@ -283,7 +285,19 @@ class PlannerNode(LifecycleNode):
         except WamDiffError as exc:
             self.bad_input("odometry", exc)
             return
+        if self.config.ego_filter:
+            pose, ego = self._filtered(stamp, pose, ego)
         self.inputs.add_odometry(stamp, msg.header.frame_id, pose, ego)
+
+    def _filtered(self, stamp: float, pose: tuple[float, float, float], ego: EgoState):
+        """``ego_filter``: the pose and speed the filter estimates (``input_guard.EgoStateFilter``), the velocity's
+        direction as measured."""
+        speed = float(np.hypot(*ego.velocity))
+        estimate = self.ego_filter.update(stamp, pose[0], pose[1], pose[2], speed)
+        scale = estimate.speed / speed if speed > 1e-3 else 1.0
+        self.counters.pose_jumps, self.counters.speed_scaled = self.ego_filter.jumps, self.ego_filter.scaled
+        return (estimate.x, estimate.y, pose[2]), EgoState((ego.velocity[0] * scale, ego.velocity[1] * scale),
+                                                          ego.acceleration)
 
     def _on_route(self, msg: Path) -> None:
         """Keeps the latest route; a malformed one is dropped (reported) and clears the route, an empty one clears it

@@ -41,6 +41,7 @@ def planner_output_msg(plan: Plan, header, pose: tuple[float, float, float], way
     msg.edited_waypoints = [int(w) for w in plan.edited_waypoints] if msg.edited else []
     msg.draft_stepped_back = bool(plan.draft_stepped_back)
     msg.implausible = plan.implausible
+    msg.held = bool(plan.held) and not fallback
     s = plan.stats
     msg.block_size = int(s.block_size)
     msg.denoise_steps = min(int(s.denoise_steps), 65535)

@@ -111,6 +111,15 @@ class NodeConfig:
         "the questions whose answers make up the description")
     debug_image_hz: float = _param(2.0, "~/debug/image (the frame with waypoints, boxes and description) per second, "
         "while someone subscribes; 0 = off", 0.0, 100.0)
+    repeated_frame_check: bool = _param(False, "a camera frame repeating the last planned one byte for byte while the "
+        "car moves (a frozen stream) is not planned as new: the last valid plan is published re-timed (flagged held)")
+    repeated_frame_min_speed: float = _param(0.5, "the car 'moves' above this speed, m/s (at rest a still scene "
+        "repeats: planned)", 0.0, 100.0)
+    max_plan_age_s: float = _param(1.0, "a held plan is at most this old (its image to the repeated frame); older: "
+        "the fallback stop", 0.0, 10.0)
+    ego_filter: bool = _param(False, "odometry through the ego-state filter: dead reckoning corrected by gated "
+        "positions (implausible jumps pulled at most 2 m), a noisy speed smoothed, a biased speedometer corrected "
+        "against the positions")
     fallback_decel: float = _param(2.0, "deceleration of the fallback stop, m/s^2", 0.5, 8.0)
     watchdog_period_ms: float = _param(50.0, "how often the watchdog looks for frames past deadline_ms without a plan "
         "(it publishes their fallback whatever inference is doing)", 5.0, 1000.0, on_restart=True)

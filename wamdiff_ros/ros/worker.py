@@ -14,7 +14,9 @@ import time
 import numpy as np
 
 from wamdiff_ros import format as fmt
+from wamdiff_ros.control.hold import ValidPlan, held_waypoints
 from wamdiff_ros.control.stop import fallback_stop
+from wamdiff_ros.input_guard import RepeatedFrameGate
 from wamdiff_ros.planner import EgoState, Plan, PlanStats
 from wamdiff_ros.ros import conversions as conv
 from wamdiff_ros.ros.cycle import ClockRate, DeadlineWatch, Frame, InputLimits, LatestSlot, decode_deadline
@@ -34,8 +36,9 @@ class Worker:
         self.plan_route = ""  # the last plan's stats.route
         self.active = False
         self._publishing = threading.Lock()  # the worker and the watchdog publish; one answer at a time
-        self._lock = threading.Lock()  # guards the last valid path
-        self._last_path_odom: np.ndarray | None = None
+        self._lock = threading.Lock()  # guards the last valid plan
+        self._last_valid: ValidPlan | None = None
+        self.gate = RepeatedFrameGate(node.config.repeated_frame_min_speed)
         self._thread: threading.Thread | None = None
 
     def take(self, frame: Frame) -> None:
@@ -90,14 +93,21 @@ class Worker:
         if node.inputs.went_back(frame.stamp, limits.sync_tolerance_s):  # a looping bag, a restarted simulator
             counters.resets += 1
             node.estimator.reset()
+            node.ego_filter.reset()
+            self.gate.reset()
             with self._lock:
-                self._last_path_odom = None
+                self._last_valid = None
             log.warning("image time went backwards: inputs reset", throttle_duration_sec=2.0)
         paired = node.inputs.pair(frame.stamp, node.now(), limits, cfg.odometry_wait_ms / 1e3, cfg.default_command)
         if isinstance(paired, str):
             counters.skip(paired)
             self.watch.drop(frame.stamp)
             log.warning(f"cycle skipped: {paired}", throttle_duration_sec=2.0)
+            return
+        self.gate.min_speed_mps = cfg.repeated_frame_min_speed
+        if cfg.repeated_frame_check and self.gate.repeated(frame.rgb, float(np.hypot(*paired.ego.velocity))):
+            counters.repeated_frames += 1
+            self._hold(frame, paired)
             return
         route = node.inputs.route_points(paired.pose)
         if route.problem is not None and route.report:
@@ -168,6 +178,29 @@ class Worker:
         with self._publishing:
             self._publish(header, plan, pose, fallback=True)
 
+    def _hold(self, frame: Frame, paired) -> None:
+        """A repeated frame's answer: the last valid plan re-timed to its stamp while that plan is at most
+        ``max_plan_age_s`` old, else the flagged fallback stop."""
+        node, cfg = self.node, self.node.config
+        with self._lock:
+            last = self._last_valid
+        age = frame.stamp - last.stamp if last is not None else None
+        with self._publishing:
+            if not self.watch.claim(frame.stamp):
+                node.counters.discarded += 1
+                return
+            if last is not None and 0.0 <= age <= cfg.max_plan_age_s:
+                node.counters.held += 1
+                plan = Plan(held_waypoints(last, frame.stamp, paired.pose), np.zeros(fmt.NUM_WAYPOINTS, np.float32),
+                            [], "", True, f"held: repeated camera frame; the plan of {age:.2f} s before",
+                            PlanStats(), held=True)
+                self._publish(frame.header, plan, paired.pose, fallback=False, remember=False)
+                return
+            why = "no valid plan yet" if last is None else f"the last valid plan is {age:.2f} s old " \
+                f"(max_plan_age_s {cfg.max_plan_age_s:g})"
+            plan = self._fallback(None, paired.ego, paired.pose, f"repeated camera frame: {why}")
+            self._publish(frame.header, plan, paired.pose, fallback=True)
+
     def _fallback(self, plan: Plan | None, ego: EgoState, pose, reason: str) -> Plan:
         node = self.node
         node.counters.fallback += 1
@@ -175,18 +208,19 @@ class Worker:
         if node.blackbox is not None:
             node.blackbox.dump(reason, node.config.blackbox_min_interval_s)
         with self._lock:
-            last = self._last_path_odom
+            last = self._last_valid.waypoints_odom if self._last_valid is not None else None
         waypoints = fallback_stop(float(np.hypot(*ego.velocity)), last, pose, node.config.fallback_decel)
         stats = plan.stats if plan is not None else PlanStats()
         return Plan(waypoints, np.zeros(fmt.NUM_WAYPOINTS, np.float32), [], plan.text if plan else "", False,
                     reason, stats)
 
-    def _publish(self, header, plan: Plan, pose, fallback: bool) -> None:
-        """The plan's outputs, stamped with its image's ``header``, in the odometry's own frame (map, odom, ...)."""
+    def _publish(self, header, plan: Plan, pose, fallback: bool, remember: bool = True) -> None:
+        """The plan's outputs, stamped with its image's ``header``, in the odometry's own frame (map, odom, ...); a
+        valid plan is remembered (to hold, and for the fallback to stop along) unless ``remember`` is off."""
         waypoints_odom = conv.waypoints_to_odom(plan.waypoints, pose)
-        if plan.valid:
+        if plan.valid and remember:
             with self._lock:
-                self._last_path_odom = waypoints_odom
+                self._last_valid = ValidPlan(conv.stamp_to_sec(header.stamp), tuple(pose), waypoints_odom)
         self.node.outputs.plan(header, plan, pose, waypoints_odom, self.node.odom_frame, fallback)
 
     def values(self) -> dict[str, object]:

@@ -16,6 +16,7 @@ stops. The clock never goes back: a new episode continues the clock.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -32,6 +33,7 @@ from sensor_msgs.msg import CameraInfo, Image
 
 from wamdiff_ros.control import FollowerGains, HighwayEnvActuator, WaypointFollower
 from wamdiff_ros.errors import WamDiffError
+from wamdiff_ros.geometry import Pose2D
 from wamdiff_ros.msg import DrivingCommand, PlannerOutput
 from wamdiff_ros.ros.bridge import messages as bm
 from wamdiff_ros.ros.bridge.episode import Episode
@@ -39,6 +41,7 @@ from wamdiff_ros.ros.bridge.sync import PlanTracker, PoseHistory, TickGate
 from wamdiff_ros.ros.conversions import path_msg, rgb_to_image, stamp_ns, time_ns
 from wamdiff_ros.route_points import ROUTE_PATH_M
 from wamdiff_ros.world.camera import CameraConfig, FrontCamera
+from wamdiff_ros.world.perturb import Perturber, label, parse_perturbations
 from wamdiff_ros.world.scenarios import load_scenarios
 from wamdiff_ros.world.sim import World
 from wamdiff_ros.geometry import wrap_angle
@@ -77,6 +80,10 @@ PARAMETERS = {  # name: (default, description); all read at start
     "exit_when_done": (False, "shut the process down once the last episode is scored"),
     "pose_history_s": (10.0, "seconds of ego poses kept to find a plan's origin"),
     "diagnostics_period_s": (1.0, "diagnostics period, wall seconds"),
+    "perturb": ("", "deployment perturbations after Bench2Drive-Robust on what the agent reads (image, odometry) and "
+                    "actuates: NAME[=SEVERITY],... of frame_drop, occlusion, gnss, speed, latency ('' = none; "
+                    "wamdiff_ros/world/perturb.py), seeded by the episode"),
+    "compensate_delay": (False, "the bridge's follower compensates the latency perturbation's actuation delay"),
 }
 
 
@@ -93,7 +100,11 @@ class HighwayBridge(Node):
         self.frame_every = max(1, round(self.scenarios.sim_hz / v("camera_hz")))
         self.camera_config = CameraConfig(width=v("camera_width"), height=v("camera_height"),
                                           fov_deg=v("camera_fov_deg"))
+        self.perturbations = parse_perturbations(v("perturb"))
         gains = FollowerGains.for_world("highway_env")
+        if v("compensate_delay"):
+            gains = dataclasses.replace(gains, actuation_delay_s=Perturber(self.perturbations, 0, self.scenarios.sim_hz)
+                                        .delay_ticks / self.scenarios.sim_hz)
         self.follower, self.actuator = WaypointFollower(gains), HighwayEnvActuator(gains)
         self.history = PoseHistory(v("pose_history_s"))
         self.tracker = PlanTracker(self.history)
@@ -146,6 +157,9 @@ class HighwayBridge(Node):
         self.gate.release()
         self._prev_heading = None
         self.episode = Episode(world, FrontCamera(world.geometry, self.camera_config), start_ns)
+        # what the agent reads and actuates: the world's own unless a perturbation is on
+        self.perturber = Perturber(self.perturbations, self.seed, self.scenarios.sim_hz)
+        self._reading: tuple[Pose2D, float] | None = None  # the pose and speed last published (odometry)
         self._publish_state(time.monotonic())
 
     def _sim_total_s(self) -> float:
@@ -154,6 +168,8 @@ class HighwayBridge(Node):
     def _end_episode(self) -> None:
         ep = self.episode
         score, record = ep.result(self._param("planner_name"), self.mode)
+        if self.perturber.active:
+            record["perturbation"] = {"label": label(self.perturbations), **self.perturber.stats}
         self.results.append(record)
         self.get_logger().info(
             f"episode {len(self.results)} ({self.spec.name}, seed {self.seed}) {score.end_reason} after "
@@ -189,7 +205,9 @@ class HighwayBridge(Node):
             return
         out = {"scenario": self.spec.name, "first_seed": self._param("seed"), "mode": self.mode,
                "sync": self._param("sync"), "camera_hz": self.scenarios.sim_hz / self.frame_every,
-               "sim_hz": self.scenarios.sim_hz, "episodes": self.results, "totals": self.totals()}
+               "sim_hz": self.scenarios.sim_hz, "perturb": label(self.perturbations),
+               "compensate_delay": bool(self._param("compensate_delay")), "episodes": self.results,
+               "totals": self.totals()}
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(json.dumps(out, indent=1))
@@ -229,9 +247,12 @@ class HighwayBridge(Node):
 
     def _tick(self, wall: float) -> None:
         ep, world = self.episode, self.episode.world
-        control = self.follower.step(self.tracker.active, world.ego_pose, world.ego_speed, self.clock_ns * 1e-9)
+        pose, speed = self._reading if self._reading is not None else (world.ego_pose, world.ego_speed)
+        control = self.follower.step(self.tracker.active, pose, speed, self.clock_ns * 1e-9)
         before = world.ego_pose
-        world.step(*self.actuator(control))
+        self.perturber.before_tick(lambda: ep.camera.render(world.ego_pose, world.others()))
+        world.step(*self.perturber.actuate(self.actuator(control)))
+        self.perturber.after_tick()
         ep.moved(before)
         ep.ticks += 1
         self.total_ticks += 1
@@ -248,22 +269,29 @@ class HighwayBridge(Node):
         ep, world = self.episode, self.episode.world
         self.clock_ns = ns = ep.start_ns + ep.ticks * self.dt_ns
         stamp = ns * 1e-9
-        pose = world.ego_pose
+        truth = world.ego_pose
         yaw_rate = 0.0 if self._prev_heading is None or republish else \
-            wrap_angle(pose.heading - self._prev_heading) / world.dt
-        self._prev_heading = pose.heading
+            wrap_angle(truth.heading - self._prev_heading) / world.dt
+        self._prev_heading = truth.heading
+        if republish and self._reading is not None:
+            pose, speed = self._reading
+        else:  # this tick's reading: perturbed when a perturbation is on
+            pose, factor = self.perturber.pose(truth), self.perturber.speed_factor()
+            speed = world.ego_speed * factor
+            self._reading = (pose, speed)
+        velocity = tuple(v * speed / world.ego_speed for v in world.ego_velocity()) if world.ego_speed > 1e-6 else \
+            world.ego_velocity()
         if not republish:
-            self.history.add(stamp, pose)
+            self.history.add(stamp, pose)  # plans are anchored where the agent believed it was
         self._clock_pub.publish(bm.clock_msg(ns))
         frame = self._param("base_frame")
-        self._odom_pub.publish(bm.odometry_msg(ns, pose, world.ego_velocity(), yaw_rate, self._param("odom_frame"),
-                                               frame))
+        self._odom_pub.publish(bm.odometry_msg(ns, pose, velocity, yaw_rate, self._param("odom_frame"), frame))
         if ep.ticks % self.frame_every or not camera:
             return
         self._command_pub.publish(bm.command_msg(world.command, ns))
         self._route_pub.publish(path_msg(world.route_centre(ROUTE_PATH_M), time_ns(ns), self._param("odom_frame")))
         self._info_pub.publish(bm.camera_info_msg(self.camera_config, ns, self._param("camera_frame")))
-        image = ep.camera.render(pose, world.others()).image
+        image = self.perturber.camera(lambda: ep.camera.render(truth, world.others())).image
         self._image_pub.publish(rgb_to_image(image, time_ns(ns), self._param("camera_frame")))
         if republish:
             self._last_republish = wall

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from wamdiff_ros.model_names import DEFAULT_MODEL, MODEL_HELP, TINY_RANDOM
+from wamdiff_ros.world.perturb import parse_perturbations
 from wamdiff_ros.ros.sim.processes import python_module, ros_environment, share_file, shut_down
 
 NODE = "/wamdiff_planner"
@@ -42,7 +43,8 @@ def bridge_command(args: argparse.Namespace, results: Path) -> list[str]:
     params = {"scenario": args.scenario, "seed": args.seed, "episodes": args.episodes, "max_sim_s": float(args.seconds),
               "sync": str(args.sync).lower(), "sync_timeout_s": float(args.sync_timeout),
               "real_time_factor": float(args.real_time_factor), "camera_hz": float(args.camera_hz),
-              "results_json": str(results), "exit_when_done": "true", "use_sim_time": "true"}
+              "results_json": str(results), "exit_when_done": "true", "use_sim_time": "true",
+              "perturb": f'"{args.perturb}"', "compensate_delay": str(args.compensate_delay).lower()}
     flat = [x for k, val in params.items() for x in ("-p", f"{k}:={val}")]
     return python_module("wamdiff_ros.ros.bridge.highway", "--ros-args", "--params-file",
                    str(share_file("highway_bridge.yaml")), *flat)
@@ -58,8 +60,9 @@ def summary(results: dict) -> str:
     t = results["totals"]
     n = max(len(results["episodes"]), 1)
     ds = sum(e["driving_score"] for e in results["episodes"]) / n
+    perturbed = f", perturbed: {results['perturb']}" if results.get("perturb", "clean") != "clean" else ""
     lines.append(f"driving score {ds:.1f} (mean of {len(results['episodes'])} episodes, {results['scenario']}, "
-                 f"{results['mode']}); {t['sim_s']:.1f} s simulated in {t['wall_s']:.1f} s wall, {t['frames']} frames, "
+                 f"{results['mode']}{perturbed}); {t['sim_s']:.1f} s simulated in {t['wall_s']:.1f} s wall, {t['frames']} frames, "
                  f"{t['plans_applied']} plans applied, {t['sync_timeouts']} sync timeouts, {t['distance_m']:.0f} m "
                  "driven")
     return "\n".join(lines)
@@ -113,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--node-param", action="append", metavar="NAME:=VALUE",
                    help="a planner node parameter (repeatable; default for tiny-random: the demo's fast decode)")
+    p.add_argument("--perturb", default="", metavar="NAME[=SEVERITY],...",
+                   help="deployment perturbations the bridge applies (frame_drop, occlusion, gnss, speed, latency; "
+                        "wamdiff_ros/world/perturb.py)")
+    p.add_argument("--compensate-delay", action="store_true",
+                   help="the bridge's follower compensates the latency perturbation's actuation delay")
     p.add_argument("--out", default="out/closed_loop_ros")
     p.add_argument("--timeout", type=float, default=3600.0, help="wall seconds before giving up")
     args = p.parse_args(argv)
@@ -120,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         args.real_time_factor = 0.0 if args.sync else 1.0
     if args.episodes == 0 and args.seconds <= 0:
         p.error("--episodes 0 needs --seconds")
+    try:
+        parse_perturbations(args.perturb)
+    except ValueError as exc:
+        p.error(str(exc))
     return run(args)
 
 
