@@ -239,9 +239,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--videos", type=int, default=1, help="front-camera videos of the first seed of the first N "
                    "scenarios (the model, else the expert; paused mode)")
     p.add_argument("--no-progress", action="store_true")
+    r = sub.add_parser("robustness", help="closed-loop driving under each deployment perturbation and severity, "
+                       "next to clean, paired by seed, the node's answers off and on (wamdiff_ros/world/robustness.py)")
+    r.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP}, or none for the baselines only")
+    r.add_argument("--scenarios", default="all", help="comma-separated names or all")
+    r.add_argument("--episodes", type=int, default=10, help="episodes per scenario per cell (seeds S, S+1, ...)")
+    r.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"first seed (default {DEFAULT_SEED}: held out)")
+    r.add_argument("--modes", default="paused", help="paused, realtime or both (comma-separated)")
+    r.add_argument("--baselines", default=",".join(BASELINES), help="baselines to run beside the model, or none")
+    r.add_argument("--perturbations", default=",".join(PERTURBATIONS),
+                   help="the perturbations, each alone at severities 1 and 2, beside clean")
+    r.add_argument("--answers", default="both", choices=("off", "on", "both"),
+                   help=f"the node's answers ({', '.join(ANSWERS)}): off, on, or both (paired)")
+    add_decode_settings_args(r)
+    r.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    r.add_argument("--scenario-file", default=None, help="a scenario YAML instead of the frozen set")
+    r.add_argument("--out", default="out/robustness", help="report folder (episodes.jsonl there is resumed)")
+    r.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "compare":
         return compare_main(args, parser)
+    if args.command == "robustness":
+        return robustness_main(args, parser)
 
     try:
         scenario_set = load_scenarios(args.scenario_file)
@@ -337,6 +356,68 @@ def main(argv: list[str] | None = None) -> int:
     print(f"report: {paths.json}  {paths.markdown}  {' '.join(str(p) for p in paths.bev)}")
     if videos:
         print("videos: " + " ".join(str(v) for v in videos))
+    return 0
+
+
+def robustness_main(args, parser) -> int:
+    from wamdiff_ros.world import robustness as rb
+
+    try:
+        scenario_set = load_scenarios(args.scenario_file)
+        specs = scenario_set.select(args.scenarios)
+        names = [n.strip() for n in args.perturbations.split(",") if n.strip()]
+        cells = rb.default_cells(names)
+    except (ScenarioError, OSError, ValueError) as exc:
+        parser.error(str(exc))
+    modes = args.modes.split(",")
+    if set(modes) - set(MODES):
+        parser.error(f"--modes: expected some of {MODES}, got {args.modes!r}")
+    baselines = [] if args.baselines == "none" else args.baselines.split(",")
+    if set(baselines) - set(BASELINES):
+        parser.error(f"--baselines: expected some of {BASELINES} or none, got {args.baselines!r}")
+    model = None if args.model == "none" else args.model
+    if model is not None and not is_model(model):
+        parser.error(f"--model: {model!r} is not a checkpoint folder")
+    if args.episodes < 1:
+        parser.error("--episodes must be >= 1")
+    planners = (["model"] if model else []) + baselines
+    if not planners:
+        parser.error("nothing to run: give --model or --baselines")
+    answers = {"off": (False,), "on": (True,), "both": (False, True)}[args.answers]
+    out = Path(args.out)
+    store = rb.EpisodeStore(out / "episodes.jsonl")
+    work = []
+    for cell in cells:
+        for on in answers:
+            config = {"plan_hz": 5.0, "hardware_factor": 1.0, "plan_blend_tau_s": None, "perturb": cell,
+                      "answers": tuple(ANSWERS) if on else ()}
+            for i in range(args.episodes):
+                for spec in specs:
+                    for planner in planners:
+                        for mode in modes:
+                            key = rb.Key(perturb_label(cell), on, planner, mode, spec.name, args.seed + i)
+                            if key not in store:
+                                work.append((Job(spec.name, args.seed + i, planner, mode), config))
+    total = len(cells) * len(answers) * args.episodes * len(specs) * len(planners) * len(modes)
+    print(f"{total} episodes in {len(cells)} cells x answers {args.answers}; {total - len(work)} already in "
+          f"{store.path}", flush=True)
+    init = (model, decode_overrides(args), args.scenario_file, None)
+    bar = tqdm(total=len(work), desc="episodes", unit="ep", disable=args.no_progress, file=sys.stderr)
+    for _, log, _, _ in _results(work, init, args.workers):
+        perturbation = log.get("perturbation") or {}
+        store.add(perturbation.get("label", "clean"), bool(perturbation.get("answers")), log)
+        bar.update()
+    bar.close()
+    summary = rb.summarize(store.scores(), [perturb_label(c) for c in cells])
+    summary["run"] = {"argv": sys.argv[1:], "model": model, "scenarios": [s.name for s in specs], "modes": modes,
+                      "planners": planners, "episodes_per_scenario": args.episodes, "first_seed": args.seed,
+                      "answers": args.answers, "host": host_info()}
+    (out / "robustness.json").write_text(json.dumps(summary, indent=1))
+    md = rb.markdown(summary)
+    (out / "robustness.md").write_text(md)
+    png = rb.plot(summary, out / "robustness.png")
+    print(md)
+    print(f"report: {out / 'robustness.md'}  {out / 'robustness.json'}  {png}")
     return 0
 
 
