@@ -65,3 +65,12 @@ def short_scenario_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("scenarios") / "short.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+def assert_parsed_plan(plan) -> None:
+    """A plan from random or briefly trained weights: the grammar makes it parse; the plan checker may refuse it
+    (``implausible_action: fallback``: invalid with the checker's reason)."""
+    from wamdiff_ros import format as fmt
+
+    assert fmt.parse_waypoints(plan.text).valid, (plan.reason, plan.text)
+    assert plan.valid or plan.reason == plan.implausible, plan.reason

@@ -24,7 +24,7 @@ from wamdiff_ros.ros.conversions import quaternion_from_yaw, rgb_to_image, to_ti
 NODE = "/wamdiff_planner"
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["-p", "block_size:=32", "-p", "steps:=4", "-p", "schedule:=static", "-p", "deadline_ms:=30000.0",
-        "-p", "diagnostics_period_s:=0.5"]
+        "-p", "diagnostics_period_s:=0.5", "-p", "implausible_action:=publish"]  # mechanics, not plausibility
 
 
 def ros_environment() -> dict:

@@ -27,6 +27,7 @@ PLANNER_OUTPUT_FIELDS = {
     "edited_waypoints": "sequence<uint8>",
     "draft_stepped_back": "boolean",
     "implausible": "string",
+    "held": "boolean",
     "block_size": "uint16",
     "denoise_steps": "uint16",
     "forward_calls": "uint16",

@@ -267,3 +267,21 @@ def test_the_host_loop_reflects_the_free_width_format(tiny):
     result = run(check_for(tiny))
     assert tok.decode([t for t in result.tokens if t != bundle.eos_token_id]) == good
     assert result.reflection.edited == [4] and result.forward_calls == plain.forward_calls
+
+
+def test_by_default_what_reflection_cannot_repair_is_the_fallback_and_unreflected_plans_are_only_flagged():
+    """implausible_action defaults to fallback (measured, README Reflection). wamdiff-tiny from rest on the sample
+    frame drafts x = 0, 0, 11, 12, 23, ... and reflection's two rounds leave a jump: the plan is invalid with the
+    checker's reason. Without reflection, and in AR decoding, the same kind of plan is published flagged."""
+    from wamdiff_ros.cli import load_rgb, sample_image_path
+
+    assert DecodeSettings().implausible_action == "fallback"
+    image, ego, route = load_rgb(sample_image_path()), EgoState((0.0, 0.0)), np.array([[10.0, 0.0], [30.0, 0.0]])
+    plan = Planner.from_pretrained("wamdiff-tiny").plan(image, ego, "follow", route=route)
+    assert plan.implausible and not plan.valid and plan.reason == plan.implausible
+    drafted = Planner.from_pretrained("wamdiff-tiny", reflect=False).plan(image, ego, "follow", route=route)
+    assert drafted.implausible and drafted.valid
+    ar = Planner.from_pretrained("wamdiff-tiny", block_size=1)
+    ar.decode_mode = "ar"
+    answer = ar.plan(image, ego, "follow", route=route)
+    assert answer.implausible and answer.valid and answer.stats.reflect_rounds == 0

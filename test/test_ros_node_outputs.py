@@ -57,7 +57,7 @@ def run():
               Parameter("deadline_ms", value=1000.0), Parameter("default_command", value="follow"),
               Parameter("steps", value=2), Parameter("schedule", value="static"),
               Parameter("detect_hz", value=DETECT_HZ), Parameter("describe_hz", value=DESCRIBE_HZ),
-              Parameter("debug_image_hz", value=DEBUG_HZ)]
+              Parameter("debug_image_hz", value=DEBUG_HZ), Parameter("reflect", value=False)]  # random weights
     node = PlannerNode(context=ctx, parameter_overrides=params)
     listener = rclpy.create_node("wamdiff_outputs_listener", context=ctx)
     got: dict[str, list] = {"plan": [], "boxes": [], "description": [], "image": []}

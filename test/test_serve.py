@@ -200,7 +200,8 @@ def test_parse_address_rejects(text):
 def server():
     from wamdiff_ros.carla_bridge.server import launch
 
-    process, address = launch(["--model", "tiny-random", "--port", "0", "--threads", "1"])
+    # random weights: their plans are drafts the plan checker would refuse (no reflection: published as drafted)
+    process, address = launch(["--model", "tiny-random", "--port", "0", "--threads", "1", "--no-reflect"])
     yield address
     process.terminate()
     assert process.wait(timeout=20) == 0  # SIGTERM: clean shutdown

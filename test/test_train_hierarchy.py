@@ -23,6 +23,7 @@ from wamdiff_training.cli import main
 from wamdiff_training.config import ConfigError, load_config
 from wamdiff_training.engine import build_bundle
 from wamdiff_training.hierarchy import CONFIGS, ensure_data, load_plan, plan_steps
+from conftest import assert_parsed_plan
 
 
 def test_hierarchy_runs_in_order_skips_what_is_done_and_resumes(tmp_path, capsys):
@@ -54,7 +55,7 @@ def test_hierarchy_runs_in_order_skips_what_is_done_and_resumes(tmp_path, capsys
     plan_out = Planner.from_pretrained(str(final)).plan(load_rgb(root / "data" / record["image"]),
                                                         EgoState(tuple(m["velocity"]), tuple(m["acceleration"])),
                                                         m["command"])
-    assert plan_out.valid, plan_out.reason
+    assert_parsed_plan(plan_out)
 
     assert main(["hierarchy", "--plan", str(path), "--no-progress"]) == 0  # again: nothing left to do
     assert capsys.readouterr().out.count("done (") == len(names)

@@ -21,6 +21,7 @@ from wamdiff_training.config import from_dict
 from wamdiff_training.engine import train
 from wamdiff_training.stages import STAGES
 from wamdiff_training.world.dataset import main as export
+from conftest import assert_parsed_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 2
@@ -56,7 +57,7 @@ def test_stage_runs_end_to_end_and_its_checkpoint_plans(stage, config, block_siz
     m = record["meta"]
     plan = planner.plan(load_rgb(data.parent / record["image"]), EgoState(tuple(m["velocity"]),
                         tuple(m["acceleration"])), m["command"])
-    assert plan.valid, plan.reason
+    assert_parsed_plan(plan)
     assert plan.stats.mode == ("ar" if stage == "ar" else "block")
 
 

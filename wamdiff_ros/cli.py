@@ -49,8 +49,8 @@ def add_decode_settings_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reflect-rounds", type=int, default=None,
                         help=f"reflection rounds per plan, at most (default {DecodeSettings().reflect_rounds})")
     parser.add_argument("--implausible-action", choices=IMPLAUSIBLE_ACTIONS, default=None,
-                        help="a plan still failing the plan checker: publish it flagged, or the fallback (default "
-                             f"{DecodeSettings().implausible_action})")
+                        help="a plan reflection could not repair: publish it flagged, or the fallback (default "
+                             f"{DecodeSettings().implausible_action}; unreflected plans are only flagged)")
 
 
 def decode_overrides(args: argparse.Namespace) -> dict:

@@ -360,8 +360,8 @@ class Planner:
                                                   if t != self.bundle.eos_token_id))
             draft = drafted.waypoints if drafted.valid else draft
         implausible = summary(check_plan(parsed.waypoints, ego.velocity, route, self.limits)) if valid else ""
-        if implausible and self.settings.implausible_action == "fallback":
-            valid, reason = False, implausible
+        if implausible and reflection is not None and self.settings.implausible_action == "fallback":
+            valid, reason = False, implausible  # what reflection could not repair (AR and unreflected: flagged only)
         return Plan(parsed.waypoints, conf, [], text, valid, reason, stats, generation.result.anytime,
                     bool(edited), edited, implausible, parsed.valid and steps_back(draft))
 
