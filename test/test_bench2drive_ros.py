@@ -671,7 +671,9 @@ def test_bench2drive_s_tick_contract_holds_for_both_orders_and_the_setup_tick(co
     setup tick: every order of the setup tick's control, the first tick and the first run_step."""
     broken = _drive_routes(contract, capsys, runs=1, ticks=20, fixed=False, setup_gap_s=(0.15, 0.2),
                            compute_s=(0.02, 0.03), agent_delay_s=(0.0, 0.0))
-    assert broken["wrong_tick"] >= 2 * 20 - 2 and broken["b2d_stamp_warnings"] >= 2 * 20 - 2, broken
+    # how many of its 40 ticks go wrong depends on the scheduling (under the parallel suite's load about all of them;
+    # alone on an idle machine 7-28 were seen): some do, where WamDiffROS2Agent below gets none
+    assert broken["wrong_tick"] >= 5 and broken["b2d_stamp_warnings"] >= 5, broken
     _assert_contract(_drive_routes(contract, capsys, runs=2, ticks=100), runs=2, ticks=100)
 
 
