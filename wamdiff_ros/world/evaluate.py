@@ -199,6 +199,21 @@ def plan_quality_by_mode(episodes: list) -> dict:
     return {mode: plan_quality([e for e in episodes if e.mode == mode]) for mode in sorted({e.mode for e in episodes})}
 
 
+def _checked_run_args(args, modes: list[str], parser) -> tuple[list[str], list[str], str | None]:
+    """closed-loop's and robustness's shared checks: (modes, baselines, model or None); a bad one exits 2."""
+    if set(modes) - set(MODES):
+        parser.error(f"--modes: expected some of {MODES}, got {args.modes!r}")
+    baselines = [] if args.baselines == "none" else args.baselines.split(",")
+    if set(baselines) - set(BASELINES):
+        parser.error(f"--baselines: expected some of {BASELINES} or none, got {args.baselines!r}")
+    model = None if args.model == "none" else args.model
+    if model is not None and not is_model(model):
+        parser.error(f"--model: {model!r} is not a checkpoint folder")
+    if args.episodes < 1:
+        parser.error("--episodes must be >= 1")
+    return modes, baselines, model
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wamdiff-eval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -268,16 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ScenarioError, OSError) as exc:
         parser.error(str(exc))
     modes = args.modes.split(",") if args.modes else ["paused", "realtime"] if args.realtime else ["paused"]
-    if set(modes) - set(MODES):
-        parser.error(f"--modes: expected some of {MODES}, got {args.modes!r}")
-    baselines = [] if args.baselines == "none" else args.baselines.split(",")
-    if set(baselines) - set(BASELINES):
-        parser.error(f"--baselines: expected some of {BASELINES} or none, got {args.baselines!r}")
-    model = None if args.model == "none" else args.model
-    if model is not None and not is_model(model):
-        parser.error(f"--model: {model!r} is not a checkpoint folder")
-    if args.episodes < 1:
-        parser.error("--episodes must be >= 1")
+    modes, baselines, model = _checked_run_args(args, modes, parser)
     config = {"plan_hz": args.plan_hz, "hardware_factor": args.hardware_factor, "plan_blend_tau_s": args.blend_tau}
     try:  # LoopConfig's own checks, as argument errors before any episode runs
         config["perturb"] = parse_perturbations(args.perturb)
@@ -369,17 +375,7 @@ def robustness_main(args, parser) -> int:
         cells = rb.default_cells(names)
     except (ScenarioError, OSError, ValueError) as exc:
         parser.error(str(exc))
-    modes = args.modes.split(",")
-    if set(modes) - set(MODES):
-        parser.error(f"--modes: expected some of {MODES}, got {args.modes!r}")
-    baselines = [] if args.baselines == "none" else args.baselines.split(",")
-    if set(baselines) - set(BASELINES):
-        parser.error(f"--baselines: expected some of {BASELINES} or none, got {args.baselines!r}")
-    model = None if args.model == "none" else args.model
-    if model is not None and not is_model(model):
-        parser.error(f"--model: {model!r} is not a checkpoint folder")
-    if args.episodes < 1:
-        parser.error("--episodes must be >= 1")
+    modes, baselines, model = _checked_run_args(args, args.modes.split(","), parser)
     planners = (["model"] if model else []) + baselines
     if not planners:
         parser.error("nothing to run: give --model or --baselines")
