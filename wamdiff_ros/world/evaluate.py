@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --deadline-ms: decoding stops refining this long before the deadline (the fill forward)")
     add_decode_settings_args(p)
     p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
-    p.add_argument("--scenario-file", default=None, help="a scenario YAML instead of the frozen set")
+    p.add_argument("--scenario-file", default=None, help="a scenario YAML, or v1 / v2 for a frozen set (default v1)")
     p.add_argument("--out", default="out/eval", help="report folder")
     p.add_argument("--json", default=None, metavar="OUT", help="also write the JSON report here")
     p.add_argument("--videos", type=int, default=1, help="front-camera videos of the first seed of the first N "
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"the node's answers ({', '.join(ANSWERS)}): off, on, or both (paired)")
     add_decode_settings_args(r)
     r.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
-    r.add_argument("--scenario-file", default=None, help="a scenario YAML instead of the frozen set")
+    r.add_argument("--scenario-file", default=None, help="a scenario YAML, or v1 / v2 for a frozen set (default v1)")
     r.add_argument("--out", default="out/robustness", help="report folder (episodes.jsonl there is resumed)")
     r.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)

@@ -46,6 +46,15 @@ def _along_route(net, route: list, s: float, lat: float) -> np.ndarray:
     raise AssertionError("unreachable")
 
 
+def _braking_travel(speed: float, decel: float, times: np.ndarray) -> np.ndarray:
+    """Distance covered at ``times`` from ``speed`` under a constant ``decel`` <= 0 until standstill (constant speed
+    when 0): the prediction of a car that brakes, e.g. a lead stopping in stop-and-go traffic."""
+    if decel >= 0.0 or speed <= 0.0:
+        return speed * times
+    t = np.minimum(times, speed / -decel)
+    return speed * t + 0.5 * decel * t * t
+
+
 @dataclass(slots=True)
 class ExpertPlan:
     waypoints: np.ndarray  # (8, 2) ego frame
@@ -147,8 +156,11 @@ class Expert:
         for v in [*self.w.road.vehicles[1:], *self.w.road.objects]:
             if np.linalg.norm(v.position - ego.position) > 120.0:
                 continue
+            brake = min(float((getattr(v, "action", None) or {}).get("acceleration", 0.0)), 0.0)
+            travel = _braking_travel(float(v.speed), brake, HORIZON)  # a braking car is predicted to stop
             if isinstance(v, Obstacle) or getattr(v, "route", None) is None:
-                pos = np.repeat(v.position[None], len(HORIZON), axis=0) + np.outer(HORIZON, v.velocity)
+                heading = np.array([math.cos(v.heading), math.sin(v.heading)])
+                pos = np.repeat(v.position[None], len(HORIZON), axis=0) + np.outer(travel, heading)
                 out.append((pos, float(v.speed), False))
                 continue
             lane_index = getattr(v, "target_lane_index", None) or v.lane_index  # anticipates MOBIL cut-ins
@@ -156,7 +168,7 @@ class Expert:
             route = [lane_index, *[(*r[:2], None) for r in v.route if r[:2] != lane_index[:2]]]
             rel = v.position - ego.position
             behind = rel @ fwd < -2.0 and v.lane_index == ego.lane_index
-            pos = np.array([_along_route(net, route, s + v.speed * t, lat * math.exp(-t)) for t in HORIZON])
+            pos = np.array([_along_route(net, route, s + d, lat * math.exp(-t)) for d, t in zip(travel, HORIZON)])
             out.append((pos, float(v.speed), behind))
         return out
 
@@ -208,7 +220,11 @@ class Expert:
             chosen = None
             accels = list(ACCELS)
             to_line = self.junction[0] - EGO_HALF_LENGTH - STOP_MARGIN_M
-            if 0.3 < to_line < 60.0:  # a profile that stops at the junction's entry line
+            must_stop = self.w.spec.stop_line and not self.w.stopped_at_line and self.junction[0] < math.inf
+            if must_stop and to_line < 60.0:  # a stop line: a full stop at it first, whatever the traffic
+                stop = -min(6.0, self.w.ego.speed ** 2 / (2 * max(to_line, 0.05))) if to_line > 0.3 else -6.0
+                accels = [stop] + [a for a in accels if a < stop]
+            elif 0.3 < to_line < 60.0:  # a profile that stops at the junction's entry line
                 accels.append(-min(6.0, self.w.ego.speed ** 2 / (2 * to_line)))
                 accels.sort(reverse=True)
             for a in accels:

@@ -132,6 +132,7 @@ class EpisodeLog:
     anytime_plans: int = 0  # ... of which the best-so-far plan was driven (the rest: the fallback stop)
     plan_quality: dict = field(default_factory=dict)  # ``closed_loop.PlanQuality.as_dict()``: plans stepping back, ...
     perturbation: dict = field(default_factory=dict)  # ``perturb.Perturber``: its label and what it did ({} = clean)
+    start_free_s: float = 0.0  # starts at rest: when the way ahead opens (the standing car ahead pulls away), s
 
     def __post_init__(self) -> None:
         for name in _TRACE_FIELDS:
@@ -233,6 +234,13 @@ class EpisodeScore:
     end_junction_m: float | None = None
     plan_quality: dict = field(default_factory=dict)  # see EpisodeLog
     perturbation: dict = field(default_factory=dict)  # see EpisodeLog
+    start_moved_m: float | None = None  # starts at rest: route progress START_WINDOW_S after the way opened
+
+    @property
+    def start_ok(self) -> bool | None:
+        """A start from rest succeeded: the ego moved START_MOVE_M along its route within START_WINDOW_S (None
+        when the episode did not start at rest)."""
+        return None if self.start_moved_m is None else self.start_moved_m >= START_MOVE_M
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -245,6 +253,20 @@ class EpisodeScore:
 def is_success(route_completion_pct: float, events: Iterable[InfractionEvent]) -> bool:
     """Bench2Drive success: the route is completed and no infraction other than min speed was committed."""
     return route_completion_pct >= 100.0 - RC_TOLERANCE and all(e.kind is Infraction.MIN_SPEED for e in events)
+
+
+START_SPEED = 0.1  # m/s: an episode whose ego starts slower than this starts at rest
+START_WINDOW_S, START_MOVE_M = 5.0, 10.0  # a start from rest succeeds when the ego moves this far this soon
+
+
+def start_moved(log: EpisodeLog) -> float | None:
+    """Route progress START_WINDOW_S after the way ahead opened (``start_free_s``; at once on a clear road) in an
+    episode that starts at rest (or at its end, if sooner); None when it starts moving."""
+    if not log.steps or float(log.speed[0]) >= START_SPEED:
+        return None
+    t = np.asarray(log.t, dtype=np.float64)
+    k = int(np.searchsorted(t, t[0] + log.start_free_s + START_WINDOW_S - 1e-9))
+    return round(float(log.progress_m[min(k, len(t) - 1)]), 3)
 
 
 def score_episode(log: EpisodeLog) -> EpisodeScore:
@@ -271,4 +293,4 @@ def score_episode(log: EpisodeLog) -> EpisodeScore:
         duration_s=float(log.t[-1] - log.t[0]) if log.steps else 0.0,
         infractions=dict(counts), forward_calls_per_token=log.forward_calls_per_token, end_phase=log.end_phase,
         end_junction_m=None if log.end_junction_m is None else round(float(log.end_junction_m), 2),
-        plan_quality=dict(log.plan_quality), perturbation=dict(log.perturbation))
+        plan_quality=dict(log.plan_quality), perturbation=dict(log.perturbation), start_moved_m=start_moved(log))

@@ -61,6 +61,13 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
             row = ds.get((scenario, planner, mode))
             cells.append("-" if row is None else f"{_num(row['ds'])} ({row['episodes']})")
         lines.append(f"| {scenario} | " + " | ".join(cells) + " |")
+    rest = [g for g in summary["groups"] if g.get("rest_starts")]
+    if rest:
+        lines += ["", "Starts from rest: the ego moved 10 m along its route within 5 s", "",
+                  "| planner | mode | succeeded | of |", "|---|---|---:|---:|"]
+        for g in rest:
+            lines.append(f"| {g['planner']} | {g['mode']} | {g['rest_starts_ok']} "
+                         f"({_num(100.0 * g['rest_starts_ok'] / g['rest_starts'])} %) | {g['rest_starts']} |")
     phases = [row for row in summary["per_scenario"] if row.get("unfinished_phases")]
     if phases:
         lines += ["", "Junction routes cut short: where each ended (before the ring or box, in it, past the point "

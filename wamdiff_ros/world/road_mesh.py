@@ -21,6 +21,7 @@ SEGMENT_TURN_DEG = 3.0
 MARKING_WIDTH_M = 0.15
 DASH_ON_M, DASH_OFF_M = 3.0, 6.0
 KERB_WIDTH_M = 1.0
+STOP_LINE_WIDTH_M = 0.5
 OVERLAP_M = 0.3  # surfaces run on past a lane's ends along its end tangents, so lanes that meet leave no seam
 
 KERB_RGB = (150, 147, 138)
@@ -126,5 +127,10 @@ def road_layers(road: RoadGeometry) -> tuple[PolygonLayer, PolygonLayer, Polygon
             elif kind == LINE_DASHED:
                 for s0 in np.arange(0.0, line.length, DASH_ON_M + DASH_OFF_M):
                     marks.append(_ribbon(line, mark_l, mark_r, s0, min(s0 + DASH_ON_M, line.length)))
+    for a, b in (np.asarray(line, dtype=np.float64) for line in road.stop_lines):
+        along = b - a
+        along /= max(float(np.linalg.norm(along)), 1e-9)
+        half = np.array([along[1], -along[0]]) * STOP_LINE_WIDTH_M / 2  # a painted bar centred on the line
+        marks.append(np.stack([a - half, b - half, b + half, a + half]))
     return (PolygonLayer.build(kerbs, KERB_RGB, True), PolygonLayer.build(asphalt, ASPHALT_RGB, True),
             PolygonLayer.build(marks, MARKING_RGB, True))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -32,7 +33,8 @@ class ScenarioSpec:
     ego_start_m: float = 0.0
     ego_lane: int = 0
     lanes: int = 3
-    traffic: dict = field(default_factory=dict)
+    stop_line: bool = False  # intersection: a stop line at the junction entry; entering without a full stop there
+    traffic: dict = field(default_factory=dict)  # is a stop infraction (Leaderboard's RunningStopTest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +78,29 @@ def _spec(name: str, raw: dict, source: str) -> ScenarioSpec:
         raise ScenarioError(f"{source}: scenario {name!r}: exits must be a non-empty subset of {EXITS}")
     if raw["kind"] in ("highway", "merge") and float(raw.get("target_distance_m", 0)) <= 0:
         raise ScenarioError(f"{source}: scenario {name!r}: target_distance_m must be > 0")
+    if raw.get("stop_line") and raw["kind"] != "intersection":
+        raise ScenarioError(f"{source}: scenario {name!r}: stop_line is for intersections only")
+    if float(raw["ego_speed"]) < 0 or float(raw["desired_speed"]) <= 0:
+        raise ScenarioError(f"{source}: scenario {name!r}: ego_speed must be >= 0 and desired_speed > 0")
+    traffic = raw.get("traffic", {}) or {}
+    for key, needs in (("queue", ("vehicles", "first_gap_m", "gap_m", "release_s", "stagger_s", "speed")),
+                       ("stop_and_go", ("gap_m", "speed", "brake_after_s", "decel", "stand_s", "cycles"))):
+        if key in traffic:
+            if raw["kind"] != "highway":
+                raise ScenarioError(f"{source}: scenario {name!r}: traffic.{key} is for the straight road (highway)")
+            missing = [k for k in needs if k not in (traffic[key] or {})]
+            if missing:
+                raise ScenarioError(f"{source}: scenario {name!r}: traffic.{key} lacks {missing}")
     if float(raw["duration_s"]) <= 0:
         raise ScenarioError(f"{source}: scenario {name!r}: duration_s must be > 0")
     return ScenarioSpec(name=name, **{**raw, "exits": exits})
 
 
 def load_scenarios(path: str | Path | None = None, version: int = DEFAULT_VERSION) -> ScenarioSet:
-    """The frozen set shipped with the package (``version``), or a user's file at ``path``."""
+    """The frozen set shipped with the package (``version``), or a user's file at ``path``; a ``path`` of the form
+    ``v<N>`` that is not a file names frozen set N (``--scenario-file v2``)."""
+    if path is not None and re.fullmatch(r"v\d+", str(path)) and not Path(path).exists():
+        path, version = None, int(str(path)[1:])
     if path is None:
         ref = resources.files("wamdiff_ros.world") / f"scenarios_v{version}.yaml"
         if not ref.is_file():

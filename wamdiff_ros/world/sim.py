@@ -40,6 +40,39 @@ _PALETTE = ((200, 40, 40), (40, 90, 200), (230, 200, 40), (230, 230, 230), (40, 
             (160, 60, 170), (240, 130, 30))
 
 
+PULL_AWAY_SPEED = 0.5  # m/s: a standing car ahead is pulling away (the ego's start from rest may begin)
+STOP_ZONE_M = 10.0  # a stop counts with the ego's centre this far before the junction entry, or closer
+STOP_SPEED = 0.1  # m/s: a full stop (Leaderboard's RunningStopTest SPEED_THRESHOLD)
+
+
+class ScriptedVehicle(IDMVehicle):
+    """An IDM car on a timetable: ``phases`` [(from_s, target_speed, decel)] in sim time; a phase with target 0
+    brakes at ``decel`` (or harder if IDM asks) to a stop and stands; a phase with a speed drives IDM to it. A queue
+    that pulls away and a lead that stops and goes are such cars. Keeps its lane."""
+
+    phases: list[tuple[float, float, float]]
+    clock: float = 0.0
+
+    def _phase(self) -> tuple[float, float, float]:
+        current = self.phases[0]
+        for phase in self.phases:
+            if phase[0] <= self.clock + 1e-9:
+                current = phase
+        return current
+
+    def act(self, action: dict | str | None = None) -> None:
+        _, target, decel = self._phase()
+        self.target_speed = max(target, 0.01)
+        super().act()
+        if target <= 0.0 and not self.crashed:
+            self.action["acceleration"] = min(self.action["acceleration"], -decel)
+
+    @property
+    def standing(self) -> bool:
+        """Stopped on purpose (its timetable says stand), not stuck."""
+        return self._phase()[1] <= 0.0
+
+
 def _line_kind(t: int) -> str:
     if t == LineType.STRIPED:
         return LINE_DASHED
@@ -85,6 +118,12 @@ class World:
         self._traffic_still: dict[int, float] = {}
         self._next_spawn = 0.0
         self._alternatives: dict[fmt.Command, Route] = {}  # junction scenarios: the routes to the other exits
+        self.scripted: list[ScriptedVehicle] = []  # queue / stop-and-go cars (their timetable runs on self.t)
+        self.start_free_s = 0.0  # see EpisodeLog
+        self._pulls_away: ScriptedVehicle | None = None  # the standing car the ego's start waits for
+        self.stopped_at_line = False  # stop_line scenarios: the ego has made its full stop before the junction
+        self._ran_stop = False
+        self._stop_lines: list[np.ndarray] = []  # (2, 2) world frame, for the camera
         getattr(self, f"_build_{spec.kind}")()
         self.ego.check_collisions = True
         self.road.vehicles.insert(0, self.ego)
@@ -109,6 +148,15 @@ class World:
         v.randomize_behavior()
         return v
 
+    def _scripted(self, lane_index: LaneIndex, s: float, speed: float,
+                  phases: list[tuple[float, float, float]]) -> ScriptedVehicle:
+        v = ScriptedVehicle.make_on_lane(self.road, lane_index, longitudinal=s, speed=speed)
+        v.randomize_behavior()
+        v.phases, v.enable_lane_change = phases, False
+        self.road.vehicles.append(v)
+        self.scripted.append(v)
+        return v
+
     def _place_traffic(self, candidates: list[tuple[LaneIndex, float]], count: int, min_gap: float, speeds,
                        destinations: list[str] | None = None, keep_clear_m: float = 25.0) -> None:
         placed: list[np.ndarray] = []
@@ -129,11 +177,40 @@ class World:
         x0 = 200.0
         self.ego = Vehicle(self.road, np.array([x0, spec.ego_lane * lane_w]), 0.0, spec.ego_speed)
         tr = spec.traffic
-        lead = x0 + float(self.rng.uniform(*tr["lead_gap_m"]))  # a slower car ahead in the ego's lane: overtake it
-        self.road.vehicles.append(self._idm(("0", "1", spec.ego_lane), lead, float(self.rng.uniform(*tr["lead_speed"]))))
-        cands = [(("0", "1", int(l)), float(s)) for l in range(spec.lanes) for s in np.arange(*tr["start_m"], 4.0)]
-        cands = [(i, x0 + s) for i, s in cands if abs(x0 + s - lead) > tr["min_gap_m"] or i[2] != spec.ego_lane]
-        self._place_traffic(cands, int(tr["vehicles"]), tr["min_gap_m"], tr["speed"])
+        ego_lane = ("0", "1", spec.ego_lane)
+        taken: list[float] = []  # ego-lane positions of the lead, the queue and the stop-and-go car
+        if "lead_gap_m" in tr:  # a slower car ahead in the ego's lane: overtake it
+            taken.append(x0 + float(self.rng.uniform(*tr["lead_gap_m"])))
+            self.road.vehicles.append(self._idm(ego_lane, taken[-1], float(self.rng.uniform(*tr["lead_speed"]))))
+        if "queue" in tr:  # standing cars ahead that pull away one after the other
+            q = tr["queue"]
+            s, go = x0 + float(self.rng.uniform(*q["first_gap_m"])), float(self.rng.uniform(*q["release_s"]))
+            n = int(q["vehicles"])
+            starts = go + np.concatenate([np.cumsum(self.rng.uniform(*q["stagger_s"], size=n - 1))[::-1], [0.0]])
+            self.start_free_s = float(starts[0])  # the way opens when the car before the ego pulls away: its
+            # timetable's release until step() sees it moving (it waits for a gap to its own car ahead)
+            for i in range(n):  # the front car goes first, the one before the ego last
+                go = float(starts[i])
+                car = self._scripted(ego_lane, s, 0.0, [(0.0, 0.0, 3.0), (go, float(self.rng.uniform(*q["speed"])), 0.0)])
+                self._pulls_away = self._pulls_away or car
+                taken.append(s)
+                s += IDMVehicle.LENGTH + float(self.rng.uniform(*q["gap_m"]))
+        if "stop_and_go" in tr:  # a lead that brakes to a stop, stands, pulls away, and again
+            g = tr["stop_and_go"]
+            speed, t, phases = float(self.rng.uniform(*g["speed"])), 0.0, []
+            for _ in range(int(g["cycles"])):
+                t += float(self.rng.uniform(*g["brake_after_s"]))
+                decel = float(self.rng.uniform(*g["decel"]))
+                phases += [(t, 0.0, decel)]
+                t += speed / decel + float(self.rng.uniform(*g["stand_s"]))
+                phases += [(t, speed, 0.0)]
+            taken.append(x0 + float(self.rng.uniform(*g["gap_m"])))
+            self._scripted(ego_lane, taken[-1], speed, [(0.0, speed, 0.0), *phases])
+        if int(tr.get("vehicles", 0)) > 0:
+            cands = [(("0", "1", int(l)), float(s)) for l in range(spec.lanes) for s in np.arange(*tr["start_m"], 4.0)]
+            cands = [(i, x0 + s) for i, s in cands
+                     if i[2] != spec.ego_lane or all(abs(x0 + s - p) > tr["min_gap_m"] for p in taken)]
+            self._place_traffic(cands, int(tr["vehicles"]), tr["min_gap_m"], tr["speed"])
         self.route = Route([("0", "1")], self.road.network, start_m=x0, target_m=x0 + spec.target_distance_m)
         self._view = (x0 - 150.0, x0 + spec.target_distance_m + 250.0)
 
@@ -228,6 +305,11 @@ class World:
             return (v2 if v1 is ego else v1) if ego.lane_index[0].startswith("ir") else None
 
         self.road.respect_priorities = priorities
+        if self.spec.stop_line:  # across the approach lane where it enters the box
+            lane = self.road.network.get_lane(("o0", "ir0", 0))
+            end, h, half = lane.position(lane.length, 0.0), lane.heading_at(lane.length), lane.width_at(lane.length) / 2
+            across = np.array([-math.sin(h), math.cos(h)]) * half
+            self._stop_lines.append(mirror(np.stack([end - across, end + across])))
 
     def _spawn_intersection(self) -> None:
         tr = self.spec.traffic
@@ -252,7 +334,7 @@ class World:
             centre = mirror(np.array([lane.position(v, 0.0) for v in s]))
             width = np.array([lane.width_at(v) for v in s])
             strips.append(LaneStrip(centre, width, _line_kind(lane.line_types[0]), _line_kind(lane.line_types[1])))
-        return RoadGeometry(tuple(strips))
+        return RoadGeometry(tuple(strips), tuple(self._stop_lines))
 
     # -------------------------------------------------------------------------------------------------------- state
     def _velocity_world(self) -> np.ndarray:
@@ -328,6 +410,7 @@ class World:
             end_reason=self.end_reason or end_reason, plan_latency_s=list(plan_latency_s or []),
             forward_calls_per_token=forward_calls_per_token, end_phase=self.route.phase(self.last_on_route_m),
             end_junction_m=None if math.isinf(self.route.junction_m) else self.last_on_route_m - self.route.junction_m,
+            start_free_s=self.start_free_s,
         )
 
     @property
@@ -350,6 +433,8 @@ class World:
             raise RuntimeError(f"episode already ended ({self.end_reason})")
         self.ego.action = {"acceleration": float(acceleration),
                            "steering": -float(np.clip(steer, -MAX_STEER_RAD, MAX_STEER_RAD))}
+        for v in self.scripted:
+            v.clock = self.t
         self.road.act()  # the ego is a plain Vehicle: act(None) keeps the action set above
         self.road.step(self.dt)
         keep = [self.ego]
@@ -357,10 +442,13 @@ class World:
             v.speed = max(v.speed, 0.0)  # highway-env's IDM can brake into reverse; traffic never reverses
             still = self._traffic_still.get(self._id(v), 0.0) + self.dt if v.speed < 0.1 else 0.0
             self._traffic_still[self._id(v)] = still
-            if still < STUCK_TRAFFIC_S:  # IDM cars can deadlock in a junction; like CARLA's traffic manager,
-                keep.append(v)           # the world removes a car that has not moved for this long
+            if still < STUCK_TRAFFIC_S or v in self.scripted:  # IDM cars can deadlock in a junction; like CARLA's
+                keep.append(v)  # traffic manager, the world removes a car that has not moved for this long (not
+                # one that stands on its timetable)
         self.road.vehicles = keep
         self.t += self.dt
+        if self._pulls_away is not None and self._pulls_away.speed > PULL_AWAY_SPEED:
+            self.start_free_s, self._pulls_away = round(self.t, 6), None
         new = self._collisions()
         if self.spec.kind == "intersection" and self.t >= self._next_spawn:
             self._next_spawn += float(self.spec.traffic.get("spawn_period_s", 1.0))
@@ -417,6 +505,12 @@ class World:
         self._wrong_s = self._wrong_s + self.dt if on_other else 0.0
         self._still_s = self._still_s + self.dt if self.ego.speed < 0.1 else 0.0
         x, y = mirror(pos)
+        if self.spec.stop_line and not self.stopped_at_line:
+            if r.junction_m - STOP_ZONE_M <= self.progress_m <= r.junction_m and self.ego.speed < STOP_SPEED:
+                self.stopped_at_line = True
+            elif self.progress_m > r.junction_m and not self._ran_stop:
+                self._ran_stop = True  # entered the box without the full stop (counted once)
+                self.events.append(InfractionEvent(Infraction.STOP_SIGN, round(self.t, 3), None, True, float(x), float(y)))
         if self.progress_m >= r.target_m:
             self.end_reason = "completed"
         elif self._wrong_s >= self.set.wrong_lane_s or r.distance(pos) > self.set.deviation_m:

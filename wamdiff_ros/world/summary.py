@@ -71,6 +71,8 @@ def _totals(group: list[EpisodeScore], level: float, n: int, seed: int) -> dict[
         "latency_p50_ms": _ms(_median(s.plan_latency_p50_s for s in group)),
         "latency_p90_ms": _ms(_median(s.plan_latency_p90_s for s in group)),
         "forward_calls_per_token": _mean(s.forward_calls_per_token for s in group),
+        "rest_starts": sum(s.start_ok is not None for s in group),  # episodes that start at rest,
+        "rest_starts_ok": sum(bool(s.start_ok) for s in group),      # and those that got going (start_ok)
         "end_reasons": dict(sorted(_count(s.end_reason for s in group).items())),
         # junction routes cut short: where on the route (approach / junction / exit) each one ended
         "unfinished_phases": dict(sorted(_count(

@@ -58,6 +58,8 @@ class LaneStrip:
 
 @dataclass(frozen=True, slots=True)
 class RoadGeometry:
-    """Every lane of the map, sampled once per episode; the renderer draws surfaces, markings and edges from it."""
+    """Every lane of the map, sampled once per episode; the renderer draws surfaces, markings and edges from it.
+    ``stop_lines``: painted stop lines, each its two ends (2, 2) in the world frame."""
 
     lanes: tuple[LaneStrip, ...]
+    stop_lines: tuple[np.ndarray, ...] = ()

@@ -58,7 +58,7 @@ ADVANCE_BUDGET_WALL_S = 0.02  # the stepping loop yields to the executor after t
 
 PARAMETERS = {  # name: (default, description); all read at start
     "scenario": ("highway", "scenario name (highway | merge | roundabout | intersection)"),
-    "scenario_file": ("", "scenario YAML ('' = the frozen v1 set shipped with the package)"),
+    "scenario_file": ("", "scenario YAML, or v1 / v2 for a frozen set shipped with the package ('' = v1)"),
     "seed": (1_000_000, "seed of the first episode, +1 per reset (1000000: the held-out split, as wamdiff-eval)"),
     "episodes": (1, "episodes to run, then stop; 0 = reset to the next seed forever"),
     "max_sim_s": (0.0, "stop after this much sim time over all episodes (0 = no limit); the running episode is "
