@@ -229,3 +229,10 @@ def test_without_carla_msgs_the_plain_twist_output_still_works(rig_factory):
     rig.odometry(1)
     assert rig.wait_for(lambda: len(rig.twists) == 2)
     assert isinstance(rig.twists[-1], Twist) and rig.twists[-1].linear.x > 5.0
+
+
+@pytest.mark.ros
+def test_actuation_delay_parameter_reaches_the_follower(rig_factory):
+    rig = rig_factory(actuation_delay_s=0.1)  # Bench2Drive-Robust's latency at its default: a 2-tick control FIFO
+    assert rig.node.gains.actuation_delay_s == 0.1 and rig.node.follower.gains.actuation_delay_s == 0.1
+    assert rig.node.follower._delay_steps() == 2

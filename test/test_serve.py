@@ -528,3 +528,54 @@ def test_real_planners_route_points_end_to_end(stub_server, monkeypatch, tmp_pat
     np.testing.assert_allclose(route_calls[0]["route"], [[10.0, 0.5], [30.0, 0.5]], atol=1e-9)
     assert not fmt.has_route_line(prompts[0])
     assert fmt.has_route_line(prompts[1]) and "(010.00,000.50) and (030.00,000.50)" in prompts[1]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A frozen camera (Bench2Drive-Robust's cached frame drop: the same image under new stamps), repeated_frame_check on
+
+
+def test_repeated_image_is_held_then_brakes_and_a_new_image_is_planned(stub_server):
+    planner = _RecordingPlanner()
+    server, address = stub_server(planner=planner, repeated_frame_check=True, max_plan_age_s=0.5)
+    frozen, t0 = _image(), EGO["t"]
+    with PlannerClient(address, timeout_s=5.0) as client:
+        first = client.plan(frozen.tobytes(), 128, 256, EGO, "left")
+        x, y, h = EGO["pose"]
+        moved = dict(EGO, t=t0 + 0.2, pose=[x + np.cos(h), y + np.sin(h), h])  # 1 m on, as the plan drives
+        held = client.plan(frozen.tobytes(), 128, 256, moved, "left")["plan"]
+        assert held["valid"] and held["held"] and "0.20 s before" in held["reason"]
+        # the plan (2.5 m per 0.5 s) re-timed 0.2 s on and seen from 1 m further: where it was
+        np.testing.assert_allclose(held["waypoints"], first["plan"]["waypoints"], atol=0.01)
+        assert client.control(dict(moved, t=t0 + 0.25))["control"]["reason"] != "brake: no plan"
+        late = client.plan(frozen.tobytes(), 128, 256, dict(moved, t=t0 + 0.7), "left")["plan"]
+        assert not late["valid"] and "0.70 s old" in late["reason"]
+        assert client.control(dict(moved, t=t0 + 0.75))["control"]["brake"] > 0.0
+        fresh = client.plan(_image()[::-1].copy().tobytes(), 128, 256, dict(moved, t=t0 + 0.8), "left")["plan"]
+        assert fresh["valid"] and "held" not in fresh
+        still = dict(moved, t=t0 + 0.9, speed=0.0, velocity=[0.0, 0.0])  # a repeat at rest is planned (a still scene)
+        assert "held" not in client.plan(_image()[::-1].copy().tobytes(), 128, 256, still, "left")["plan"]
+        values = client.status()["values"]
+    assert len(planner.calls) == 3
+    assert (values["repeated_frames"], values["held"], values["fallback"], values["planned"]) == (2, 1, 1, 3)
+
+
+def test_repeated_image_is_planned_again_with_the_check_off(stub_server):
+    planner = _RecordingPlanner()
+    _, address = stub_server(planner=planner)
+    with PlannerClient(address, timeout_s=5.0) as client:
+        for k in range(3):
+            assert "held" not in client.plan(_image().tobytes(), 128, 256, dict(EGO, t=EGO["t"] + 0.2 * k), "left")["plan"]
+    assert len(planner.calls) == 3
+
+
+def test_actuation_delay_reaches_the_follower_and_is_checked():
+    from wamdiff_ros.carla_bridge.server import PlannerServer, ServeConfig
+    from wamdiff_ros.control import FollowerGains
+    from wamdiff_ros.errors import FieldError
+
+    assert PlannerServer(_SlowPlanner(0.0), ServeConfig()).gains == FollowerGains.for_world("carla")
+    delayed = PlannerServer(_SlowPlanner(0.0), ServeConfig(actuation_delay_s=0.1)).gains
+    assert delayed.actuation_delay_s == 0.1 and delayed.wheelbase_m == FollowerGains.for_world("carla").wheelbase_m
+    for bad in (-0.05, 5.0):
+        with pytest.raises(FieldError, match="actuation_delay_s"):
+            ServeConfig(actuation_delay_s=bad)

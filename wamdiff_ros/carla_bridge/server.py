@@ -38,13 +38,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wamdiff_ros import format as fmt
 from wamdiff_ros.carla_bridge import messages, protocol
 from wamdiff_ros.carla_bridge.protocol import ErrorCode, Frame, MessageType
 from wamdiff_ros.control import CarlaActuator, FollowerGains, HighwayEnvActuator, TrackedPlan, WaypointFollower
+from wamdiff_ros.control.hold import ValidPlan, held_waypoints
 from wamdiff_ros.errors import FieldError, InputError, RouteError, WamDiffError
-from wamdiff_ros.stats import Counters, LatencyWindow
-from wamdiff_ros.route_points import route_points_ahead
 from wamdiff_ros.geometry import Pose2D
+from wamdiff_ros.input_guard import RepeatedFrameGate
+from wamdiff_ros.route_points import route_points_ahead
+from wamdiff_ros.stats import Counters, LatencyWindow
 
 WORLDS = ("carla", "highway_env")
 _POLL_S = 0.2  # how often blocked threads look at the stop flag
@@ -59,29 +62,44 @@ class ServeConfig:
     send_timeout_s: float = 5.0
     max_payload_bytes: int = protocol.DEFAULT_MAX_PAYLOAD_BYTES
     max_time_gap_s: float = 1.0  # sim time jumping further (or back) resets the follower
+    # A plan request whose image repeats the last planned one byte for byte while the car moves (a frozen camera, e.g.
+    # Bench2Drive-Robust's cached frame drop) is not planned: the session keeps following its last valid plan while
+    # that is at most max_plan_age_s old, then brakes (the node's parameters of the same names).
+    repeated_frame_check: bool = False
+    repeated_frame_min_speed: float = 0.5
+    max_plan_age_s: float = 1.0
+    actuation_delay_s: float | None = None  # the follower's (gains file's when None): a known control latency, e.g.
+    # Bench2Drive-Robust's control FIFO of k ticks = k x 0.05 s
 
     def __post_init__(self) -> None:
         if self.world not in WORLDS:
             raise FieldError("world", f"expected one of {', '.join(WORLDS)}, got {self.world!r}")
         for f in dataclasses.fields(self):
-            if f.name != "world" and not getattr(self, f.name) > 0:
+            if f.name == "actuation_delay_s":
+                if self.actuation_delay_s is not None and not 0.0 <= self.actuation_delay_s <= 2.0:
+                    raise FieldError(f.name, f"expected seconds in [0, 2], got {self.actuation_delay_s!r}")
+            elif f.name not in ("world", "repeated_frame_check") and not getattr(self, f.name) > 0:
                 raise FieldError(f.name, f"must be > 0, got {getattr(self, f.name)!r}")
 
 
 class Session:
     """One connection's follower: the plan it tracks and the controllers' state."""
 
-    def __init__(self, gains: FollowerGains, world: str, max_time_gap_s: float) -> None:
+    def __init__(self, gains: FollowerGains, world: str, max_time_gap_s: float, repeated_frame_min_speed: float = 0.5
+                 ) -> None:
         self.follower = WaypointFollower(gains)
         self._carla = CarlaActuator(gains) if world == "carla" else None
         self._wheel = HighwayEnvActuator(gains)  # clipped acceleration and front-wheel angle, our convention
         self.max_time_gap_s = max_time_gap_s
         self.plan: TrackedPlan | None = None
+        self.last_valid: TrackedPlan | None = None  # the last valid plan the model made (what a repeat holds)
+        self.gate = RepeatedFrameGate(repeated_frame_min_speed)
         self.last_t: float | None = None
 
     def reset(self) -> None:
         self.follower.reset()
-        self.plan, self.last_t = None, None
+        self.gate.reset()
+        self.plan, self.last_valid, self.last_t = None, None, None
 
     def time_jumped(self, t: float) -> bool:
         """Resets (and says so) when ``t`` goes back or jumps ahead of the last step."""
@@ -122,6 +140,8 @@ class PlannerServer:
         self._ego_state = EgoState
         self.planner, self.config, self.model_name = planner, config, model_name
         self.gains = FollowerGains.for_world(config.world)
+        if config.actuation_delay_s is not None:
+            self.gains = dataclasses.replace(self.gains, actuation_delay_s=config.actuation_delay_s)
         self.counters = Counters()
         self.dropped = 0
         self.controls = 0
@@ -215,7 +235,7 @@ class PlannerServer:
     def _serve_connection(self, sock: socket.socket, peer: str) -> None:
         cfg = self.config
         reader = protocol.FrameReader(sock, cfg.max_payload_bytes, cfg.frame_timeout_s)
-        session = Session(self.gains, cfg.world, cfg.max_time_gap_s)
+        session = Session(self.gains, cfg.world, cfg.max_time_gap_s, cfg.repeated_frame_min_speed)
         last_frame = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -331,6 +351,12 @@ class PlannerServer:
             self._reply_error(sock, rid, ErrorCode.TIMEOUT,
                               f"waited {waited:.3f} s for the planner, past the request's deadline {deadline:.3f} s")
             return
+        if self.config.repeated_frame_check:
+            if session.time_jumped(ego["t"]):
+                self._count(resets=1)
+            if session.gate.repeated(job.image, ego["speed"]):
+                self._answer_repeated(sock, session, job)
+                return
         route = self._route_points(job)
         t0 = time.perf_counter()
         try:
@@ -357,6 +383,8 @@ class PlannerServer:
         if session.time_jumped(ego["t"]):
             self._count(resets=1)
         session.plan = TrackedPlan.from_plan(plan, Pose2D(*ego["pose"]), ego["t"])
+        if plan.valid:
+            session.last_valid = session.plan
         control = session.control(ego)
         server_s = time.monotonic() - job.received
         if server_s > deadline:
@@ -375,6 +403,39 @@ class PlannerServer:
                         "server_s": round(server_s, 6)},
         }
         self._reply(sock, MessageType.PLAN_REPLY, rid, header)
+
+    def _answer_repeated(self, sock: socket.socket, session: Session, job: _PlanJob) -> None:
+        """A repeated image's reply: the session keeps following its last valid plan (the reply's waypoints: that
+        plan re-timed to this request and put in its ego frame, ``held`` true) while it is at most
+        ``max_plan_age_s`` old; past that, or without one, a stop (``valid`` false)."""
+        ego, last = job.ego, session.last_valid
+        t, pose = ego["t"], Pose2D(*ego["pose"])
+        age = t - last.stamp if last is not None else None
+        self._count(repeated_frames=1)
+        if last is not None and 0.0 <= age <= self.config.max_plan_age_s:
+            self._count(held=1)
+            session.plan = last
+            kept = ValidPlan(last.stamp, (last.origin.x, last.origin.y, last.origin.heading),
+                             last.origin.to_world(last.waypoints))
+            waypoints, valid = held_waypoints(kept, t, tuple(ego["pose"]), last.dt), True
+            reason = f"held: repeated camera frame; the plan of {age:.2f} s before"
+        else:
+            self._count(fallback=1)
+            waypoints, valid = np.zeros((fmt.NUM_WAYPOINTS, 2), np.float32), False
+            session.plan = TrackedPlan(waypoints, pose, float(t), valid=False)
+            why = "no valid plan yet" if last is None else f"the last valid plan is {age:.2f} s old " \
+                f"(max_plan_age_s {self.config.max_plan_age_s:g})"
+            reason = f"repeated camera frame: {why}"
+        control = session.control(ego)
+        server_s = time.monotonic() - job.received
+        header = {
+            "plan": {"waypoints": [[round(float(x), 3), round(float(y), 3)] for x, y in waypoints],
+                     "confidence": [0.0] * len(waypoints), "valid": valid, "held": valid, "reason": reason,
+                     "stats": {}, "stamp": t},
+            "control": control,
+            "latency": {"queue_s": round(server_s, 6), "plan_s": 0.0, "server_s": round(server_s, 6)},
+        }
+        self._reply(sock, MessageType.PLAN_REPLY, job.frame.request_id, header)
 
     def _route_points(self, job: _PlanJob) -> np.ndarray | None:
         """The route points (``fmt.ROUTE_AHEAD_M`` ahead along the request's ``route_xy``, ego frame); None without
@@ -475,6 +536,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--frame-timeout", type=float, default=defaults.frame_timeout_s)
     p.add_argument("--max-payload-mb", type=float, default=protocol.DEFAULT_MAX_PAYLOAD_BYTES / 2**20)
     p.add_argument("--no-warmup", action="store_true", help="do not plan one blank frame before serving")
+    p.add_argument("--repeated-frame-check", action="store_true",
+                   help="do not plan an image that repeats the last planned one while the car moves (a frozen "
+                        "camera): follow the last valid plan up to --max-plan-age s, then brake")
+    p.add_argument("--repeated-frame-min-speed", type=float, default=defaults.repeated_frame_min_speed, help="m/s")
+    p.add_argument("--max-plan-age", type=float, default=defaults.max_plan_age_s, help="s")
+    p.add_argument("--actuation-delay", type=float, default=None, metavar="S",
+                   help="a known delay between a control reply and its effect (e.g. 0.1 for a 2-tick control FIFO): "
+                        "the follower steers for the state the car will be in then (default: the gains file's)")
     return p
 
 
@@ -483,7 +552,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = ServeConfig(world=args.world, idle_timeout_s=args.idle_timeout, frame_timeout_s=args.frame_timeout,
                              request_timeout_s=args.request_timeout,
-                             max_payload_bytes=int(args.max_payload_mb * 2**20))
+                             max_payload_bytes=int(args.max_payload_mb * 2**20),
+                             repeated_frame_check=args.repeated_frame_check,
+                             repeated_frame_min_speed=args.repeated_frame_min_speed, max_plan_age_s=args.max_plan_age,
+                             actuation_delay_s=args.actuation_delay)
         import torch
 
         from wamdiff_ros.cli import load_overrides

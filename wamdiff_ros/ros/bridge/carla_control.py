@@ -58,6 +58,9 @@ PARAMETERS = {  # name: (default, description); all read at start
     "wheelbase_m": (2.875, "wheelbase of the bicycle model behind the twist's yaw rate"),
     "max_steer_angle_deg": (0.0, "the vehicle's maximum front-wheel angle (0 = the carla gains' 70 deg); CARLA's "
                                  "steer is normalised by it"),
+    "actuation_delay_s": (0.0, "a known delay between a command and its effect, s (e.g. 0.1 under Bench2Drive-"
+                               "Robust's 2-tick control FIFO): the follower steers for the state the car will be in "
+                               "then (0: none)"),
     "diagnostics_period_s": (1.0, "diagnostics period, wall seconds"),
 }
 
@@ -82,7 +85,9 @@ class CarlaControl(Node):
                              f"{v('tick_source')!r}, {v('twist')!r}")
         if not (v("control_hz") > 0 and v("plan_timeout_s") > 0 and v("wheelbase_m") > 0):
             raise ValueError("control_hz, plan_timeout_s and wheelbase_m must be > 0")
-        gains = FollowerGains.for_world("carla")
+        if not 0.0 <= v("actuation_delay_s") <= 2.0:
+            raise ValueError(f"actuation_delay_s must be in [0, 2] s, got {v('actuation_delay_s')}")
+        gains = dataclasses.replace(FollowerGains.for_world("carla"), actuation_delay_s=float(v("actuation_delay_s")))
         if v("max_steer_angle_deg") > 0:
             gains = dataclasses.replace(gains, max_steer_rad=math.radians(v("max_steer_angle_deg")))
         self.gains = gains
