@@ -394,3 +394,15 @@ def test_the_manifest_states_the_format_and_other_versions_write_their_own(expor
     manifest = json.loads((rec / "manifest.json").read_text())
     assert (manifest["format_version"], manifest["route_points"]) == (1, False)
     assert all(fmt.waypoint_text_version(_answer(s)) == 1 for s in json.loads((rec / "train.json").read_text()))
+
+
+def test_generate_from_the_v2_set_starts_at_rest_and_says_so(tmp_path):
+    out = tmp_path / "v2"
+    assert main(["generate", "--scenario-file", "v2", "--scenarios", "start_queue", "--episodes", "1",
+                 "--max-seconds", "2", "--questions", "0", "--noise-fraction", "0", "--out", str(out), "--preview", "0",
+                 "--no-progress"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["scenario_set"] == {"version": 2, "source": "scenarios_v2.yaml"}
+    plans = [s for s in json.loads((out / "train.json").read_text()) if s["task"] == "plan"]
+    assert plans and plans[0]["meta"]["velocity"] == [0.0, 0.0]
+    assert all(np.abs(fmt.parse_waypoints(_answer(s)).waypoints).max() < 0.5 for s in plans)  # the queue stands

@@ -274,6 +274,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="action", required=True)
     g = sub.add_parser("generate", help="roll out the expert and export conversation JSON")
     g.add_argument("--scenarios", default="all", help="comma-separated scenario names, or 'all'")
+    g.add_argument("--scenario-file", default=None, help="a scenario YAML, or v1 / v2 for a frozen set (default v1)")
     g.add_argument("--episodes", type=int, required=True, help="episodes per scenario and split")
     g.add_argument("--split", default="train", help=f"comma-separated, of {', '.join(SPLIT_SEED_BASE)}")
     g.add_argument("--seed-offset", type=int, default=0, help="first episode index within the split")
@@ -305,6 +306,7 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("recoveries", help="single plan frames with the ego placed off its lane centre and off the "
                                           "lane direction, in traffic, labelled by the expert")
     c.add_argument("--scenarios", default="highway", help="comma-separated scenario names, or 'all'")
+    c.add_argument("--scenario-file", default=None, help="a scenario YAML, or v1 / v2 for a frozen set (default v1)")
     c.add_argument("--samples", type=int, required=True, help="recovery worlds per scenario (a few are skipped)")
     c.add_argument("--split", default="train", help=f"one of {', '.join(SPLIT_SEED_BASE)}")
     c.add_argument("--seed-offset", type=int, default=0, help="first recovery world within the split")
@@ -356,7 +358,7 @@ def _read_manifest(path: Path, format_version: int, route_points: bool, replacin
 
 def generate(args: argparse.Namespace, argv: list[str]) -> None:
     splits = [s.strip() for s in args.split.split(",") if s.strip()]
-    scenarios = load_scenarios()
+    scenarios = load_scenarios(args.scenario_file)
     specs = scenarios.select(args.scenarios)
     _check(args, splits)
     config = RolloutConfig(args.sample_period, NoiseConfig(fraction=args.noise_fraction), args.questions,
@@ -404,7 +406,7 @@ def generate(args: argparse.Namespace, argv: list[str]) -> None:
 
 
 def recoveries(args: argparse.Namespace, argv: list[str]) -> None:
-    scenarios = load_scenarios()
+    scenarios = load_scenarios(args.scenario_file)
     specs = scenarios.select(args.scenarios)
     if args.split not in SPLIT_SEED_BASE:
         raise DatasetError(f"--split: unknown split {args.split!r}; expected one of {', '.join(SPLIT_SEED_BASE)}")
