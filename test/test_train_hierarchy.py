@@ -22,7 +22,7 @@ from wamdiff_training import checkpoint
 from wamdiff_training.cli import main
 from wamdiff_training.config import ConfigError, load_config
 from wamdiff_training.engine import build_bundle
-from wamdiff_training.hierarchy import CONFIGS, ensure_data, load_plan, plan_steps
+from wamdiff_training.hierarchy import CONFIGS, ensure_data, final_run, load_plan, plan_steps
 from conftest import assert_parsed_plan
 
 
@@ -182,14 +182,15 @@ def test_a_plan_that_is_not_a_yaml_mapping_is_refused_with_its_file_named(tmp_pa
     assert main(["hierarchy", "--plan", str(path), "--dry-run"]) == 2
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("tiny_hierarchy*.yaml")))
+@pytest.mark.parametrize("name", sorted(p.name for p in [*CONFIGS.glob("tiny_hierarchy*.yaml"),
+                                                         CONFIGS / "tiny_lowspeed.yaml"]))
 def test_shipped_plans_load_and_every_step_makes_a_valid_config(name):
     plan = load_plan(CONFIGS / name)
     steps = plan_steps(plan)
     assert steps[-1].name.startswith("student/")
     for step in steps:
         assert step.out_dir.is_relative_to(plan.root), step.name
-        if step.stage == "dagger-data":
+        if step.stage in ("dagger-data", "world-data"):
             continue
         plain = [o.replace("=@run:", "=") for o in step.overrides]  # a run folder stands for its checkpoint
         config = load_config(CONFIGS / f"{step.base}.yaml", plain)
@@ -520,3 +521,43 @@ def test_recovery_settings_are_checked(tmp_path):
         load_plan_from(tmp_path, {"root": "x", "recoveries": {"count": 3}})
     with pytest.raises(ConfigError, match="samples must be >= 1"):
         load_plan_from(tmp_path, {"root": "x", "recoveries": {"samples": 0}})
+
+
+def test_lowspeed_plan_extends_the_shipped_one_and_continues_the_student(tmp_path, capsys):
+    """tiny_lowspeed.yaml: the shipped plan's export settings, its own root and a lowspeed section that starts from the
+    packaged model; its steps export v2 data and the v1 replay, train at the last B, then a DAgger round it drives."""
+    shipped, low = load_plan(CONFIGS / "tiny_hierarchy.yaml"), load_plan(CONFIGS / "tiny_lowspeed.yaml")
+    assert (low.route_points, low.format_version, low.batch_size) == (shipped.route_points, shipped.format_version,
+                                                                      shipped.batch_size)
+    assert low.root != shipped.root and shipped.lowspeed is None and low.lowspeed.init.endswith("wamdiff-tiny")
+    steps = {s.name: s for s in plan_steps(low)}
+    names = [n for n in steps if n.startswith("student/lowspeed")]
+    assert names == ["student/lowspeed/data", "student/lowspeed/replay", "student/lowspeed",
+                     "student/lowspeed/dagger/r01/data", "student/lowspeed/dagger/r01"]
+    assert "scenario_file=v2" in steps["student/lowspeed/data"].overrides
+    assert f"scenarios={low.scenarios}" in steps["student/lowspeed/replay"].overrides
+    assert f"model.init={low.lowspeed.init}" in steps["student/lowspeed"].overrides
+    assert "adapt.block_size=32" in steps["student/lowspeed/dagger/r01"].overrides
+    assert str(final_run(low)).endswith("student/lowspeed/dagger/r01")
+
+    # a small one, run: from the packaged model, one v2 episode, a DAgger round driven by the continued model
+    plan = {"extends": str(CONFIGS / "tiny_lowspeed.yaml"), "root": str(tmp_path / "low"), "batch_size": 2,
+            "checkpoint_every": 1, "workers": 1,
+            "lowspeed": {"init": "wamdiff_ros/assets/wamdiff-tiny", "scenarios": "start_queue", "episodes": 1,
+                         "replay": 0, "steps": 1, "dagger": {"rounds": 1, "episodes": 1, "steps": 1}}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    assert main(["hierarchy", "--plan", str(path), "--only", "student/lowspeed*", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("exported") == 2 and out.count("trained (0 -> 1 steps)") == 2
+    root = tmp_path / "low" / "student" / "lowspeed"
+    assert json.loads((root / "data" / "manifest.json").read_text())["scenario_set"]["version"] == 2
+    dagger = json.loads((root / "dagger" / "r01" / "data" / "manifest.json").read_text())
+    assert dagger["scenario_set"]["version"] == 2 and dagger["dagger"]["driver"].startswith(str(root / "run"))
+    assert not (tmp_path / "low" / "data").exists()  # the chain's own data was not made
+    final = checkpoint.resolve(checkpoint.LATEST, root / "dagger" / "r01")
+    assert json.loads((final / "wamdiff.json").read_text())["trained_block_size"] == 32
+    assert main(["hierarchy", "--plan", str(path), "--set", "lowspeed.steps=2", "--only", "student/lowspeed",
+                 "--dry-run"]) == 0
+    assert "to run (1/2 steps)" in capsys.readouterr().out
+    assert main(["hierarchy", "--plan", str(path), "--set", "lowspeed.episodes=0", "--dry-run"]) == 2

@@ -96,6 +96,37 @@ class RecoveryPlan:
             raise ConfigError("hierarchy", "recoveries", f"samples must be >= 1 and weight >= 0; got {self}")
 
 
+LOWSPEED = "student/lowspeed"
+LOWSPEED_SEED_OFFSET = 100_000  # its exports' first training episode: clear of the chain's own and its DAgger rounds'
+
+
+@dataclass(slots=True)
+class LowSpeedPlan:
+    """Driving from standstill and at low speed, after the chain: the student continues at the curriculum's last B
+    from ``init`` (a checkpoint folder, e.g. the shipped ``wamdiff_ros/assets/wamdiff-tiny``; None: the chain's Stage
+    III run) on its own exports -- ``episodes`` expert episodes per scenario of ``scenarios`` from ``scenario_file``
+    and ``replay`` per scenario of the plan's own set (what it drove before, so it keeps it) -- for ``steps``
+    steps, then ``dagger`` rounds driven by the model so far over ``scenarios``, each trained on the union so far."""
+
+    scenario_file: str = "v2"
+    scenarios: str = "start_clear,start_queue,stop_and_go,give_way_stop"
+    episodes: int = 40
+    replay: int = 10
+    steps: int = 1000
+    lr: float | None = None
+    init: str | None = None
+    dagger: DaggerPlan | dict | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dagger, dict):
+            self.dagger = _section(DaggerPlan, self.dagger, "lowspeed.dagger", "hierarchy")
+        if self.episodes < 1 or self.replay < 0 or self.steps < 1 or (self.lr is not None and not self.lr > 0):
+            raise ConfigError("hierarchy", "lowspeed", f"episodes and steps must be >= 1, replay >= 0, lr > 0; got "
+                                                       f"{self}")
+        if self.init is not None and not Path(self.init).is_dir():
+            raise ConfigError("hierarchy", "lowspeed.init", f"{self.init}: not a checkpoint folder")
+
+
 @dataclass(slots=True)
 class HierarchyPlan:
     root: str
@@ -130,6 +161,7 @@ class HierarchyPlan:
     # (wamdiff-train data --route-points) and its plan answers in this waypoint format (--format-version)
     route_points: bool = False
     format_version: int = fmt.FORMAT_VERSION
+    lowspeed: LowSpeedPlan | None = None  # the student's low-speed continuation after Stage III (LOWSPEED steps)
 
     @property
     def data_dir(self) -> Path:
@@ -146,13 +178,26 @@ class Step:
     overrides: list[str]
 
 
-def load_plan(path: str | Path) -> HierarchyPlan:
+def _read_plan(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The plan's keys; ``extends: <file>`` (beside it) takes that plan's keys first, this file's replace them."""
     try:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
+        raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), "", f"not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(str(path), "", f"expected a mapping of plan keys, got a {type(raw).__name__}")
+    if "extends" not in raw:
+        return raw
+    base = path.parent / str(raw.pop("extends"))
+    if base.resolve() in seen:
+        raise ConfigError(str(path), "extends", f"{base} extends itself")
+    if not base.is_file():
+        raise ConfigError(str(path), "extends", f"{base}: no such plan")
+    return {**_read_plan(base, (*seen, path.resolve())), **raw}
+
+
+def load_plan(path: str | Path) -> HierarchyPlan:
+    raw = _read_plan(Path(path))
     known = set(HierarchyPlan.__slots__)
     unknown = set(raw) - known
     if unknown:
@@ -160,7 +205,7 @@ def load_plan(path: str | Path) -> HierarchyPlan:
     if "root" not in raw:
         raise ConfigError(str(path), "root", "missing: the folder every run of the hierarchy writes into")
     for key, kind in (("teacher", ModelPlan), ("student", ModelPlan), ("dagger", DaggerPlan),
-                      ("adapt_dagger", DaggerPlan), ("recoveries", RecoveryPlan)):
+                      ("adapt_dagger", DaggerPlan), ("recoveries", RecoveryPlan), ("lowspeed", LowSpeedPlan)):
         if raw.get(key) is not None:
             raw[key] = _section(kind, raw[key], key, str(path))
     plan = HierarchyPlan(**raw)
@@ -244,12 +289,57 @@ def plan_steps(plan: HierarchyPlan) -> list[Step]:
                           *_ce_weight(plan)]))
     if plan.ablations:
         steps += ablation_steps(plan, common)
+    if plan.lowspeed is not None:
+        steps += lowspeed_steps(plan, base)
     return steps
 
 
-def final_run(plan: HierarchyPlan) -> Path:
-    """The student the hierarchy ends with (the one to ship): Stage III's run."""
+def lowspeed_steps(plan: HierarchyPlan, base: list[str]) -> list[Step]:
+    """``plan.lowspeed``'s exports, its run and its DAgger rounds (``LOWSPEED/...``)."""
+    low, root = plan.lowspeed, Path(plan.root) / LOWSPEED
+    big = plan.curriculum[-1]
+    steps = [Step(f"{LOWSPEED}/data", "world-data", "", root / "data", 0, [
+        f"scenario_file={low.scenario_file}", f"scenarios={low.scenarios}", f"episodes={low.episodes}",
+        f"seed_offset={LOWSPEED_SEED_OFFSET}"])]
+    files = [root / "data" / "train.json"]
+    if low.replay:
+        steps.append(Step(f"{LOWSPEED}/replay", "world-data", "", root / "replay", 0, [
+            "scenario_file=", f"scenarios={plan.scenarios}", f"episodes={low.replay}",
+            f"seed_offset={LOWSPEED_SEED_OFFSET}"]))
+        files.append(root / "replay" / "train.json")
+    lr = [] if low.lr is None else [f"train.lr={low.lr}"]
+    start = low.init if low.init is not None else f"@run:{final_chain_run(plan)}"
+    steps.append(Step(LOWSPEED, "adapt", "tiny_adapt", root / "run", low.steps, [
+        _union(files), *base, *lr, f"model.init={start}", f"adapt.block_size={big}"]))
+    previous = root / "run"
+    d = low.dagger
+    for r in range(1, (d.rounds if d is not None else 0) + 1):
+        run_dir = root / "dagger" / f"r{r:02d}"
+        steps.append(Step(f"{LOWSPEED}/dagger/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
+            f"driver=@run:{previous}", f"seed_offset={LOWSPEED_SEED_OFFSET + low.episodes + (r - 1) * d.episodes}",
+            f"episodes={d.episodes}", f"expert_share={d.share(r)}", f"scenario_file={low.scenario_file}",
+            f"scenarios={low.scenarios}"]))
+        files.append(run_dir / "data" / "train.json")
+        round_lr = [f"train.lr={d.lr}"] if d.lr is not None else lr
+        steps.append(Step(f"{LOWSPEED}/dagger/r{r:02d}", "adapt", "tiny_adapt", run_dir, d.steps, [
+            _union(files), *base, *round_lr, f"model.init=@run:{previous}", f"adapt.block_size={big}"]))
+        previous = run_dir
+    return steps
+
+
+def final_chain_run(plan: HierarchyPlan) -> Path:
+    """Stage III's run: the student the chain ends with."""
     return Path(plan.root) / "student" / "cross_scale"
+
+
+def final_run(plan: HierarchyPlan) -> Path:
+    """The student the hierarchy ends with (the one to ship): the low-speed continuation's last run where the plan
+    has one, else Stage III's run."""
+    if plan.lowspeed is None:
+        return final_chain_run(plan)
+    d = plan.lowspeed.dagger
+    root = Path(plan.root) / LOWSPEED
+    return root / "dagger" / f"r{d.rounds:02d}" if d is not None else root / "run"
 
 
 def ar_run(plan: HierarchyPlan, who: str) -> Path:
@@ -317,12 +407,25 @@ def export_dagger(plan: HierarchyPlan, step: Step, driver: str, progress: bool) 
     ``driver`` (``step.out_dir`` / train.json; written last, so an export cut short runs again)."""
     setting = dict(o.split("=", 1) for o in step.overrides)
     offset, share = setting["seed_offset"], setting["expert_share"]
-    args = ["generate", "--scenarios", plan.scenarios, "--episodes", setting["episodes"],
+    args = ["generate", "--scenarios", setting.get("scenarios", plan.scenarios), "--episodes", setting["episodes"],
             "--split", "train", "--seed-offset", offset, "--noise-fraction", "0", "--driver", driver, "--expert-share",
             share, "--workers", str(plan.workers), "--out", str(step.out_dir), "--overwrite",
+            *(["--scenario-file", setting["scenario_file"]] if setting.get("scenario_file") else []),
             *(["--counterfactual-commands"] if plan.counterfactual_commands else []), *_export_format(plan)]
     if _export(args, progress) != 0:
         raise RuntimeError(f"the DAgger export into {step.out_dir} failed")
+
+
+def export_world(plan: HierarchyPlan, step: Step, progress: bool) -> None:
+    """An expert export of its own (``world-data``: the low-speed continuation's): ``episodes`` training episodes per
+    scenario from ``seed_offset``, DAgger-lite perturbed as the plan's own data (``step.out_dir`` / train.json)."""
+    setting = dict(o.split("=", 1) for o in step.overrides)
+    args = ["generate", "--scenarios", setting["scenarios"], "--episodes", setting["episodes"], "--split", "train",
+            "--seed-offset", setting["seed_offset"], "--workers", str(plan.workers), "--out", str(step.out_dir),
+            "--overwrite", *(["--scenario-file", setting["scenario_file"]] if setting["scenario_file"] else []),
+            *(["--counterfactual-commands"] if plan.counterfactual_commands else []), *_export_format(plan)]
+    if _export(args, progress) != 0:
+        raise RuntimeError(f"the export into {step.out_dir} failed")
 
 
 def adapt_schedule(plan: HierarchyPlan, model: ModelPlan) -> list[int]:
@@ -476,11 +579,22 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False, only:
     steps = plan_steps(plan)
     if not any(_selected(step.name, only) for step in steps):
         return report
-    if not dry_run:
-        ensure_data(plan, progress)
+    if not dry_run and any(_selected(s.name, only) and not s.name.startswith(LOWSPEED) for s in steps):
+        ensure_data(plan, progress)  # the low-speed continuation exports its own
     planned = {step.out_dir: step.steps for step in steps}
     for step in steps:
         if not _selected(step.name, only):
+            continue
+        if step.stage == "world-data":
+            data = step.out_dir / "train.json"
+            if data.is_file():
+                report.append((step.name, "done (exported)", data))
+            elif dry_run:
+                report.append((step.name, "to export", None))
+            else:
+                log.info("hierarchy: %s (export)", step.name)
+                export_world(plan, step, progress)
+                report.append((step.name, "exported", data))
             continue
         if step.stage == "dagger-data":
             data = step.out_dir / "train.json"
@@ -532,8 +646,13 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_plan(args.plan)
         for assignment in args.overrides:
             key, _, value = assignment.partition("=")
-            if key not in HierarchyPlan.__slots__ or key in ("teacher", "student"):
-                raise ConfigError("--set", key, "not a plain plan field")
+            section, _, field_name = key.rpartition(".")
+            if section == "lowspeed" and plan.lowspeed is not None and field_name in LowSpeedPlan.__slots__:
+                setattr(plan.lowspeed, field_name, yaml.safe_load(value))
+                plan.lowspeed.__post_init__()
+                continue
+            if key not in HierarchyPlan.__slots__ or key in ("teacher", "student", "lowspeed"):
+                raise ConfigError("--set", key, "not a plain plan field (or lowspeed.<field> of a plan with one)")
             setattr(plan, key, yaml.safe_load(value))
         only = [g.strip() for g in args.only.split(",") if g.strip()] if args.only else None
         if args.wait < 0:
