@@ -623,3 +623,99 @@ def test_agent_sends_the_route_with_each_plan_request(make_agent, road_bgra, mon
     finally:
         server.stop()
         thread.join(timeout=5)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bench2Drive-Robust around the thin agent: its perturbations act outside the agent (the leaderboard's sensor
+# interface and agent wrapper); here a frozen camera burst and its latency wrapper, on a kinematic CARLA car
+
+
+class _Bench2DriveRobustLatency:
+    """Bench2Drive-Robust's fixed latency mode (agent_wrapper at ae1b586, as its code reads): ``warmup`` ticks of zero
+    control without calling the agent, then the agent runs once every ``delay_ticks`` ticks; its control is applied
+    from the next switch on and held in between, so a command acts ``delay_ticks`` to ``2 delay_ticks - 1`` ticks
+    after the sensors it was computed from."""
+
+    def __init__(self, agent, delay_ticks: int, warmup: int = 20) -> None:
+        self.agent, self.d, self.warmup = agent, delay_ticks, warmup
+        self.step, self.next_step, self.current, self.pending = 0, None, None, None
+
+    def __call__(self, data, t):
+        self.step += 1
+        zero = carla.VehicleControl(throttle=0.0, steer=0.0, brake=0.0)
+        if self.step <= self.warmup:
+            return zero
+        if self.next_step is None:
+            self.pending, self.next_step = self.agent.run_step(data, t), self.step + self.d
+            return zero
+        if self.step == self.next_step:
+            self.current, self.pending = self.pending, self.agent.run_step(data, t)
+            self.next_step = self.step + self.d
+        return self.current if self.current is not None else zero
+
+
+def _drive_left_arc(agent, road_bgra, ticks, frozen=lambda k: False, wrap=None):
+    """The kinematic CARLA car of test_left_plan_turns_the_carla_car_left, the camera frozen on ticks where
+    ``frozen(k)`` (Bench2Drive-Robust's cached frame: the last delivered image under the new frame number)."""
+    call = wrap or agent.run_step
+    x, y, yaw, v, dt, max_steer = 0.0, 0.0, 0.0, 0.0, 0.05, math.radians(70.0)
+    brakes, delivered, repeats = 0, road_bgra, 0
+    for k in range(ticks):
+        image = delivered if frozen(k) else road_bgra + (k % 2)  # a live camera never repeats a frame exactly
+        delivered = image
+        repeats += frozen(k) and v >= 0.5  # what the server's gate counts (a repeat at rest is a still scene)
+        control = call(sensor_input(image, x=x, y=y, yaw_deg=yaw, speed=v, frame=k), 0.05 * k)
+        brakes += control.brake > 0.0
+        wheel = control.steer * max_steer
+        v = max(v + (4.0 * control.throttle - 8.0 * control.brake) * dt, 0.0)
+        yaw += math.degrees(v / 2.9 * math.tan(wheel)) * dt
+        x += v * math.cos(math.radians(yaw)) * dt
+        y += v * math.sin(math.radians(yaw)) * dt
+    return x, y, yaw, v, brakes, repeats
+
+
+@pytest.fixture
+def arc_server():
+    from wamdiff_ros.carla_bridge.server import PlannerServer, ServeConfig
+
+    started = []
+
+    def start(**config):
+        server = PlannerServer(_LeftArcPlanner(), ServeConfig(world="carla", **config))
+        address = server.bind(port=0)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        started.append((server, thread))
+        return server, address
+
+    yield start
+    for server, thread in started:
+        server.stop()
+        thread.join(timeout=5)
+
+
+def test_thin_agent_under_a_frozen_camera_follows_its_last_plan_with_the_server_s_check(make_agent, road_bgra,
+                                                                                       arc_server):
+    server, address = arc_server(repeated_frame_check=True, max_plan_age_s=1.0)
+    agent = make_agent(address, timeout_s=5.0, route=make_route(lambda x: RoadOption.LANEFOLLOW), plan_every_n_steps=1)
+    frozen = lambda k: 60 <= k < 76 or 100 <= k < 150  # a 0.8 s burst (held), then 2.5 s (past max_plan_age_s)
+    x, y, yaw, v, brakes, repeats = _drive_left_arc(agent, road_bgra, 180, frozen)
+    values = server.status_values()
+    assert values["repeated_frames"] == repeats > 40  # every frozen tick while moving: not planned
+    # held while the last plan is at most 1 s old (all 16 of the short burst, about 20 of the long one), then braking
+    assert values["held"] + values["fallback"] == repeats and values["held"] >= 16 + 19 and values["fallback"] >= 5
+    assert agent.counters["errors"] == 0 and brakes >= values["fallback"]
+    assert yaw < -20.0 and y < -2.0  # it turned left as planned
+
+
+@pytest.mark.parametrize("delay_ticks", [2, 4])
+def test_thin_agent_drives_inside_bench2drive_robust_s_latency_wrapper(make_agent, road_bgra, arc_server,
+                                                                       delay_ticks):
+    server, address = arc_server(actuation_delay_s=0.05 * (1.5 * delay_ticks - 0.5))  # the mean age of a command
+    agent = make_agent(address, timeout_s=5.0, route=make_route(lambda x: RoadOption.LANEFOLLOW))
+    wrap = _Bench2DriveRobustLatency(agent, delay_ticks)
+    x, y, yaw, v, brakes, _ = _drive_left_arc(agent, road_bgra, 200, wrap=wrap)
+    assert agent.step + 1 == (200 - 20 + delay_ticks - 1) // delay_ticks  # called once per delay_ticks after warm-up
+    # the route's own reset only: the 0.1-0.2 s between calls is no time jump
+    assert agent.counters["errors"] == 0 and server.status_values()["resets"] == 1
+    assert v > 2.0 and yaw < -20.0 and y < -2.0
