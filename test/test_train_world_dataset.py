@@ -202,24 +202,26 @@ class NeverCalled(VeerLeft):
 
 
 def test_a_dagger_driver_takes_its_share_and_the_expert_labels_where_it_drives_to():
+    SEED = 3
+    # seed 3: the expert alone keeps its lane through these 12 s (on seed 0 it overtakes from 6 s on)
     spec, config = SET.get("highway"), RolloutConfig(noise=NoiseConfig(fraction=0.0), questions_per_frame=0,
                                                      max_seconds=12.0, expert_share=0.5)
-    ep = rollout(spec, 0, config, SET, driver=VeerLeft())
+    ep = rollout(spec, SEED, config, SET, driver=VeerLeft())
     drivers = [f.driver for f in ep.frames]
     assert set(drivers) == {"expert", "model"} and 0.2 < drivers.count("model") / len(drivers) < 0.8
-    clean = rollout(spec, 0, config, SET)
+    clean = rollout(spec, SEED, config, SET)
     assert not any(np.array_equal(a.image, b.image) for a, b in zip(clean.frames[8:], ep.frames[8:]))
     # after an interval of drifting left the expert's label steers right; the clean episode is straight by then
     after = [f.waypoints[-1, 1] for prev, f in zip(ep.frames, ep.frames[1:]) if prev.driver == "model" and f.t > 4]
     assert after and np.mean(after) < -1.0
     assert max(abs(f.waypoints[-1, 1]) for f in clean.frames if f.t > 4) < 0.1
-    assert rollout(spec, 0, config, SET, driver=VeerLeft()).frames[-1].waypoints.tolist() == \
+    assert rollout(spec, SEED, config, SET, driver=VeerLeft()).frames[-1].waypoints.tolist() == \
         ep.frames[-1].waypoints.tolist()  # deterministic
     # expert_share 1: the driver is never asked and the episode is the expert's; 0: the driver drives throughout
-    only_expert = rollout(spec, 0, replace(config, expert_share=1.0), SET, driver=NeverCalled())
+    only_expert = rollout(spec, SEED, replace(config, expert_share=1.0), SET, driver=NeverCalled())
     assert all(np.array_equal(a.image, b.image) and np.array_equal(a.waypoints, b.waypoints)
                for a, b in zip(clean.frames, only_expert.frames))
-    only_model = rollout(spec, 0, replace(config, expert_share=0.0, max_seconds=3.0), SET, driver=VeerLeft())
+    only_model = rollout(spec, SEED, replace(config, expert_share=0.0, max_seconds=3.0), SET, driver=VeerLeft())
     assert {f.driver for f in only_model.frames} == {"model"}
     with pytest.raises(DatasetError, match="expert_share"):
         RolloutConfig(expert_share=1.5)
