@@ -1,4 +1,4 @@
-"""``wamdiff-bench <benchmark> [args]``: decode, plan, node, render, gpu; ``fixture`` writes checkpoint folders in
+"""``wamdiff-bench <benchmark> [args]``: decode, plan, node, render, serve, gpu; ``fixture`` writes checkpoint folders in
 real layouts."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("decode", "plan", "node", "render", "gpu", "fixture")
+BENCHMARKS = ("decode", "plan", "node", "render", "serve", "gpu", "fixture")
 
 
 def main(argv: list[str] | None = None) -> int:
