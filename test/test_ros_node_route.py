@@ -50,7 +50,8 @@ class Running:
         self.ctx = rclpy.Context()
         rclpy.init(context=self.ctx, domain_id=domain)
         params = [Parameter("blackbox_dir", value="none"), Parameter("steps", value=4),
-                  Parameter("schedule", value="static")]
+                  Parameter("schedule", value="static"),
+                  Parameter("ego_filter", value=False)]  # the odometry's pose exactly: the routes' conversion
         if model is not None:
             params += [Parameter("model", value=model), Parameter("block_size", value=8)]
         self.node = PlannerNode(context=self.ctx, parameter_overrides=params)

@@ -117,9 +117,9 @@ class NodeConfig:
         "repeats: planned)", 0.0, 100.0)
     max_plan_age_s: float = _param(1.0, "a held plan is at most this old (its image to the repeated frame); older: "
         "the fallback stop", 0.0, 10.0)
-    ego_filter: bool = _param(False, "odometry through the ego-state filter: dead reckoning corrected by gated "
+    ego_filter: bool = _param(True, "odometry through the ego-state filter: dead reckoning corrected by gated "
         "positions (implausible jumps pulled at most 2 m), a noisy speed smoothed, a biased speedometer corrected "
-        "against the positions")
+        "against the positions (on: DS +30 under 5 m GNSS noise, no loss shown on clean odometry; README Robustness)")
     fallback_decel: float = _param(2.0, "deceleration of the fallback stop, m/s^2", 0.5, 8.0)
     watchdog_period_ms: float = _param(50.0, "how often the watchdog looks for frames past deadline_ms without a plan "
         "(it publishes their fallback whatever inference is doing)", 5.0, 1000.0, on_restart=True)
