@@ -32,6 +32,7 @@ EGO_HALF_LENGTH = 2.5
 GIVE_WAY_SPEED = 4.0  # m/s at a give-way line, reached braking at most GIVE_WAY_DECEL
 GIVE_WAY_DECEL = 1.0
 STOP_MARGIN_M = 2.0  # the follower lags a stop profile by about a metre
+STOPPING_TARGET = 0.05  # m/s: a car whose own target speed is this low is braking to a stop
 
 
 def _along_route(net, route: list, s: float, lat: float) -> np.ndarray:
@@ -156,8 +157,9 @@ class Expert:
         for v in [*self.w.road.vehicles[1:], *self.w.road.objects]:
             if np.linalg.norm(v.position - ego.position) > 120.0:
                 continue
-            brake = min(float((getattr(v, "action", None) or {}).get("acceleration", 0.0)), 0.0)
-            travel = _braking_travel(float(v.speed), brake, HORIZON)  # a braking car is predicted to stop
+            stopping = getattr(v, "target_speed", 1.0) <= STOPPING_TARGET  # braking to a standstill (a timetabled
+            brake = min(float((getattr(v, "action", None) or {}).get("acceleration", 0.0)), 0.0) if stopping else 0.0
+            travel = _braking_travel(float(v.speed), brake, HORIZON)  # stop): predicted to stop; others keep speed
             if isinstance(v, Obstacle) or getattr(v, "route", None) is None:
                 heading = np.array([math.cos(v.heading), math.sin(v.heading)])
                 pos = np.repeat(v.position[None], len(HORIZON), axis=0) + np.outer(travel, heading)
