@@ -585,23 +585,16 @@ def run(plan: HierarchyPlan, progress: bool = True, dry_run: bool = False, only:
     for step in steps:
         if not _selected(step.name, only):
             continue
-        if step.stage == "world-data":
+        if step.stage in ("world-data", "dagger-data"):  # exports: written last, so one cut short runs again
             data = step.out_dir / "train.json"
             if data.is_file():
                 report.append((step.name, "done (exported)", data))
             elif dry_run:
                 report.append((step.name, "to export", None))
-            else:
+            elif step.stage == "world-data":
                 log.info("hierarchy: %s (export)", step.name)
                 export_world(plan, step, progress)
                 report.append((step.name, "exported", data))
-            continue
-        if step.stage == "dagger-data":
-            data = step.out_dir / "train.json"
-            if data.is_file():
-                report.append((step.name, "done (exported)", data))
-            elif dry_run:
-                report.append((step.name, "to export", None))
             else:
                 _await_inputs(step, planned, wait)
                 driver = _resolve(next(o for o in step.overrides if o.startswith("driver=")), planned)

@@ -442,7 +442,7 @@ class World:
             v.speed = max(v.speed, 0.0)  # highway-env's IDM can brake into reverse; traffic never reverses
             still = self._traffic_still.get(self._id(v), 0.0) + self.dt if v.speed < 0.1 else 0.0
             self._traffic_still[self._id(v)] = still
-            if still < STUCK_TRAFFIC_S or v in self.scripted:  # IDM cars can deadlock in a junction; like CARLA's
+            if still < STUCK_TRAFFIC_S or isinstance(v, ScriptedVehicle):  # IDM cars can deadlock in a junction; like CARLA's
                 keep.append(v)  # traffic manager, the world removes a car that has not moved for this long (not
                 # one that stands on its timetable)
         self.road.vehicles = keep
