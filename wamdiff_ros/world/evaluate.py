@@ -152,18 +152,24 @@ def compare_main(args, parser) -> int:
 
     new = _report_episodes(args.new, args.planner, parser)
     ref = _report_episodes(args.ref, args.ref_planner or args.planner, parser)
-    result = compare(new, ref)
+    groups = {}
+    for spec in args.group or []:
+        name, _, members = spec.partition("=")
+        if not name or not members or name == "all":
+            parser.error(f"--group: expected NAME=SCENARIO,SCENARIO,... (NAME not 'all'), got {spec!r}")
+        groups[name] = [m for m in members.split(",") if m]
+    result = compare(new, ref, groups=groups)
     if not result["rows"]:
         parser.error(f"{args.new} and {args.ref} share no episode (same mode, scenario and seed)")
     pct = round(100 * result["level"])
     print(f"paired driving score, new ({args.new}) - ref ({args.ref}), {result['episodes']} episodes")
     print(f"| mode | scenario | episodes | new DS | ref DS | new - ref [{pct} % CI] | collisions / ep (new, ref) "
-          "| completed (new, ref) |\n|---|---|---:|---:|---:|---:|---:|---:|")
+          "| completed (new, ref) | starts from rest ok (new, ref) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in result["rows"]:
         print(f"| {r['mode']} | {r['scenario']} | {r['episodes']} | {r['new_ds']:.1f} | {r['ref_ds']:.1f} | "
               f"{r['ds_diff']:+.1f} [{r['ds_diff_lo']:+.1f}, {r['ds_diff_hi']:+.1f}] | "
               f"{r['new_collisions_per_ep']:.2f}, {r['ref_collisions_per_ep']:.2f} | "
-              f"{r['new_completed']}, {r['ref_completed']} |")
+              f"{r['new_completed']}, {r['ref_completed']} | {_starts(r)} |")
     if result["only_new"] or result["only_ref"]:
         print(f"left out (no partner): {result['only_new']} episodes only in new, {result['only_ref']} only in ref")
     quality = {name: plan_quality(episodes) for name, episodes in (("new", new), ("ref", ref))}
@@ -179,6 +185,15 @@ def compare_main(args, parser) -> int:
     result["plan_quality"] = {name: plan_quality_by_mode(new if name == "new" else ref) for name in ("new", "ref")}
     _write_report(result, args.json)
     return 0
+
+
+def _starts(row: dict) -> str:
+    """``k/n (p %), k/n (p %)``: the row's starts from rest that got going, new then ref (``-`` when none)."""
+    n = row["rest_starts"]
+    if not n:
+        return "-"
+    return ", ".join(f"{row[f'{side}_rest_starts_ok']}/{n} ({100.0 * row[f'{side}_rest_starts_ok'] / n:.0f} %)"
+                     for side in ("new", "ref"))
 
 
 def plan_quality(episodes: list) -> dict:
@@ -222,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("ref", help="the report to compare against (episodes paired by mode, scenario and seed)")
     c.add_argument("--planner", default="model", help="the planner compared (default: model)")
     c.add_argument("--ref-planner", default=None, help="the reference report's planner (default: --planner)")
+    c.add_argument("--group", action="append", metavar="NAME=SCENARIO,...",
+                   help="also pool these scenarios into one row called NAME (repeatable; e.g. "
+                        "v1=highway,merge,roundabout,intersection on a v2 run)")
     c.add_argument("--json", default=None, metavar="OUT", help="write the rows here")
     p = sub.add_parser("closed-loop", help="closed-loop driving score on the frozen CPU world")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP}, or none for the baselines only")

@@ -127,19 +127,26 @@ def summarize(scores: Sequence[EpisodeScore], level: float = 0.9, n: int = 2000,
 
 
 def compare(new: Sequence[EpisodeScore], ref: Sequence[EpisodeScore], level: float = 0.9, n: int = 2000,
-            seed: int = 0) -> dict[str, Any]:
+            seed: int = 0, groups: dict[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """Paired driving-score difference ``new - ref`` over the episodes both runs hold (same mode, scenario and
-    seed): a row per mode and scenario and a row per mode over all of them (scenario ``"all"``), each with both
-    means, the difference with its bootstrap CI at ``level``, the collisions per episode and the completed routes;
-    plus how many episodes only one side holds (left out)."""
+    seed): a row per mode and scenario, a row per mode for each of ``groups`` (name -> scenarios pooled, e.g. the v1
+    scenarios of a v2 run) and a row per mode over all of them (scenario ``"all"``), each with both means, the
+    difference with its bootstrap CI at ``level``, the collisions per episode, the completed routes and the starts
+    from rest (episodes that start at rest, and those that got going on each side); plus how many episodes only one
+    side holds (left out)."""
     a = {(s.mode, s.scenario, s.seed): s for s in new}
     b = {(s.mode, s.scenario, s.seed): s for s in ref}
     keys = sorted(a.keys() & b.keys())
+    groups = dict(groups or {})
     rows = []
     for mode in sorted({k[0] for k in keys}):
         in_mode = [k for k in keys if k[0] == mode]
-        for scenario in sorted({k[1] for k in in_mode}) + ["all"]:
-            ks = [k for k in in_mode if scenario in ("all", k[1])]
+        pools = [(name, {name}) for name in sorted({k[1] for k in in_mode})]
+        pools += [(name, set(members)) for name, members in groups.items()]
+        for scenario, members in pools + [("all", None)]:
+            ks = [k for k in in_mode if members is None or k[1] in members]
+            if not ks:
+                continue
             x, y = [a[k].driving_score for k in ks], [b[k].driving_score for k in ks]
             diff, lo, hi = paired_difference_ci(x, y, level=level, n=n, seed=seed)
             rows.append({"mode": mode, "scenario": scenario, "episodes": len(ks),
@@ -148,6 +155,9 @@ def compare(new: Sequence[EpisodeScore], ref: Sequence[EpisodeScore], level: flo
                          "new_collisions_per_ep": float(np.mean([a[k].collisions for k in ks])),
                          "ref_collisions_per_ep": float(np.mean([b[k].collisions for k in ks])),
                          "new_completed": sum(a[k].end_reason == "completed" for k in ks),
-                         "ref_completed": sum(b[k].end_reason == "completed" for k in ks)})
+                         "ref_completed": sum(b[k].end_reason == "completed" for k in ks),
+                         "rest_starts": sum(a[k].start_ok is not None for k in ks),
+                         "new_rest_starts_ok": sum(bool(a[k].start_ok) for k in ks),
+                         "ref_rest_starts_ok": sum(bool(b[k].start_ok) for k in ks)})
     return {"level": level, "rows": rows, "episodes": len(keys),
             "only_new": len(a.keys() - b.keys()), "only_ref": len(b.keys() - a.keys())}
