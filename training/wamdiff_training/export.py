@@ -101,7 +101,23 @@ def stages_text(plan_path: str | None) -> str:
         if plan.cross_scale_ce_weight else ""
     parts.append(f"Stage III cross-scale distillation from the teacher's B = {plan.curriculum[-1]} model into this "
                  f"student ({plan.cross_scale_steps} steps{anchor})")
+    if plan.lowspeed is not None:
+        parts.append(lowspeed_text(plan))
     return f"- Stages (`wamdiff-train hierarchy --plan {plan_path}`): " + " -> ".join(parts) + "."
+
+
+def lowspeed_text(plan) -> str:
+    """The low-speed continuation's recipe (``plan.lowspeed``), for the card's stages."""
+    low, d = plan.lowspeed, plan.lowspeed.dagger
+    start = f"from `{low.init}` (the chain's Stage III student, exported)" if low.init else "from Stage III's run"
+    lr = f", lr {low.lr:g}" if low.lr else ""
+    text = (f"low-speed continuation at B = {plan.curriculum[-1]} {start} on scenario set {low.scenario_file}: "
+            f"{low.episodes} expert episodes per scenario of {low.scenarios.replace(',', ', ')} and {low.replay} per "
+            f"scenario of the chain's set (replay), {low.steps} steps{lr}")
+    if d is not None:
+        text += (f"; then {d.rounds} DAgger round{'s' if d.rounds > 1 else ''} ({d.episodes} episodes per new "
+                 f"scenario driven by the model so far, expert share {d.share(1):g}; {d.steps} steps on all its data)")
+    return text
 
 
 def _ar_text(plan, model) -> str:
@@ -111,6 +127,7 @@ def _ar_text(plan, model) -> str:
 
 def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str | None = None) -> str:
     from wamdiff_ros.world.camera import CameraConfig
+    from wamdiff_training.hierarchy import load_plan
 
     config = _run_config(ckpt)
     manifest = _data_manifest(config)
@@ -140,16 +157,30 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str
         "",
         "## Data",
     ]
-    if manifest:
-        lines.append(f"- Exported by `wamdiff-train data generate` from the frozen scenario set v"
-                     f"{manifest.get('scenario_set', {}).get('version', '?')} (highway overtaking, on-ramp merge, "
-                     "roundabout with a commanded exit, unsignalised intersection), training seeds from "
-                     f"{manifest.get('split_seed_base', {}).get('train', 0)}; the privileged expert's plans, with "
-                     "DAgger-lite perturbed episodes for recoveries; tasks: plan (8 waypoints), detect (2D boxes), "
-                     "ask (five templated questions).")
+    version = manifest.get("scenario_set", {}).get("version", "?")
+    low = load_plan(plan).lowspeed if plan is not None else None
+    if manifest and (version == 1 or low is not None):
+        lines.append("- Exported by `wamdiff-train data generate` from the frozen scenario set v1 (highway "
+                     "overtaking, on-ramp merge, roundabout with a commanded exit, unsignalised intersection), "
+                     f"training seeds from {manifest.get('split_seed_base', {}).get('train', 0)}; the privileged "
+                     "expert's plans, with DAgger-lite perturbed episodes for recoveries; tasks: plan (8 waypoints), "
+                     "detect (2D boxes), ask (five templated questions).")
+    elif manifest:
+        lines.append(f"- Exported by `wamdiff-train data generate` from scenario set v{version}; the privileged "
+                     "expert's plans, with DAgger-lite perturbed episodes for recoveries.")
     rounds = [f for f in (config.get("data") or {}).get("train") or []
               if any("dagger" in part for part in Path(f).parts[-4:-1])]
-    if rounds:
+    if low is not None:
+        p = load_plan(plan)
+        chain = sum(x.rounds for x in (p.dagger, p.adapt_dagger) if x is not None)
+        lines.append(f"- Plus {chain} DAgger round exports of the chain (fresh training seeds, partly driven by the "
+                     "model being trained, every frame labelled by the expert).")
+        lines.append(f"- Then, for the low-speed continuation, scenario set v2 (`scenarios_v2.yaml`): starts from rest "
+                     "on a clear road and behind a standing queue, a lead that stops and goes, a stop line at the "
+                     f"crossing ({low.scenarios}), {low.episodes} expert episodes each, a replay of {low.replay} per "
+                     f"v1 scenario, and {len(rounds)} DAgger round export{'s' if len(rounds) != 1 else ''} driven by "
+                     "the model.")
+    elif rounds:
         lines.append(f"- Plus {len(rounds)} DAgger round exports (fresh training seeds, partly driven by the model "
                      "being trained, every frame labelled by the expert).")
     lines += [
@@ -203,9 +234,24 @@ def _metrics(results: Path | None) -> list[str]:
 
 
 def eval_summary(results: Path | None) -> dict | None:
-    """The student's paused-mode closed-loop score from ``closed_loop.json`` (what ``wamdiff-demo`` quotes)."""
-    path = None if results is None else results / "closed_loop.json"
-    if path is None or not path.is_file():
+    """The shipped model's paused-mode closed-loop score (what ``wamdiff-demo`` quotes): over every scenario of the
+    low-speed comparison (``lowspeed.json``, the model it names "new") where that exists, else the student's from
+    ``closed_loop.json``."""
+    if results is None:
+        return None
+    from wamdiff_training.render import LOWSPEED
+
+    low = results / LOWSPEED
+    if low.is_file():
+        piece = json.loads(low.read_text())
+        row = next((r for r in piece["rows"] if r["scenario"] == "all" and r["mode"] == "paused"), None)
+        if row is not None:
+            version = piece["runs"]["new"].get("scenario_version", "?")
+            return {"driving_score": row["new_ds"], "ci90": [row["new_ds_lo"], row["new_ds_hi"]],
+                    "episodes": row["episodes"], "mode": "paused",
+                    "source": f"training/RESULTS.md (g), scenario set v{version}"}
+    path = results / "closed_loop.json"
+    if not path.is_file():
         return None
     entry = json.loads(path.read_text()).get("entries", {}).get("student", {})
     for group in entry.get("groups", []):

@@ -7,7 +7,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from wamdiff_training.runs import (DEFAULT_THRESHOLD, K, LEVEL, OPEN_LOOP, OVERLAP_STUDENTS, OVERLAP_TEACHERS,
-                                   PLANNER_LABELS, RHO_TEACHER, SWEPT, Target, _label, load_pieces)
+                                   PLANNER_LABELS, RHO_TEACHER, SWEPT, Target, _label, load_pieces, read_json)
+
+LOWSPEED = "lowspeed.json"  # `wamdiff-eval compare --json` of the low-speed student against the chain's, on v2
 
 
 def _f(value, digits: int = 2, pct: bool = False) -> str:
@@ -383,6 +385,51 @@ def render_runs(piece: dict | None) -> list[str]:
     return lines + [""]
 
 
+def _starts(row: dict, side: str) -> str:
+    n = row.get("rest_starts") or 0
+    return f"{row[f'{side}_rest_starts_ok']}/{n} ({100.0 * row[f'{side}_rest_starts_ok'] / n:.0f} %)" if n else "-"
+
+
+def _model_name(run: dict) -> str:
+    return str(run.get("model") or run.get("report") or "?")
+
+
+def render_lowspeed(piece: dict | None) -> list[str]:
+    """(g): the paired comparison behind the low-speed student (``lowspeed.json``, written by ``wamdiff-eval compare
+    --json``): a row per scenario and per pooled group, with the starts from rest that got going."""
+    lines = ["## (g) Driving from standstill: scenarios v2", ""]
+    if piece is None:
+        return lines + [f"*not run* — `training/results/{LOWSPEED}` is missing: drive the low-speed student and the "
+                        "model it continues with `wamdiff-eval closed-loop --scenario-file v2 --scenarios all`, then "
+                        f"`wamdiff-eval compare NEW REF --group ... --json training/results/{LOWSPEED}`.", ""]
+    new, ref = piece["runs"]["new"], piece["runs"]["ref"]
+    level = round(100 * piece["level"])
+    lines += [f"`wamdiff-eval closed-loop`, scenario set {new.get('scenario_set', '?')}: new `{_model_name(new)}` "
+              f"against ref `{_model_name(ref)}`, {new.get('episodes_per_scenario', '?')} held-out seeds per scenario "
+              f"from {new.get('first_seed', '?')}, plans requested at {new.get('plan_hz', '?')} Hz, "
+              f"{', '.join(new.get('modes') or ['?'])}; episodes paired by (mode, scenario, seed). The v1 scenarios "
+              "are the frozen set's, unchanged; the others start at rest or stop and go. A start from rest succeeds "
+              "when the ego moves 10 m along its route within 5 s of its way opening. Bold rows pool scenarios.", ""]
+    singles = {r["scenario"] for r in piece["rows"]} - {"all"} - set(piece.get("groups") or {})
+    rows = []
+    for r in piece["rows"]:
+        name = r["scenario"] if r["scenario"] in singles else f"**{r['scenario']}**"
+        rows.append([name, r["mode"], r["episodes"], _f(r["new_ds"], 1), _f(r["ref_ds"], 1),
+                     f"{r['ds_diff']:+.1f} [{r['ds_diff_lo']:+.1f}, {r['ds_diff_hi']:+.1f}]",
+                     _starts(r, "new"), _starts(r, "ref"),
+                     f"{_f(r['new_collisions_per_ep'], 2)}, {_f(r['ref_collisions_per_ep'], 2)}",
+                     f"{r['new_completed']}, {r['ref_completed']}"])
+    lines += _table(["scenario", "mode", "episodes", "new DS", "ref DS", f"new − ref [{level}% CI]",
+                     "starts ok (new)", "starts ok (ref)", "collisions/ep (new, ref)", "completed (new, ref)"],
+                    rows, "llrrrlrrrr")
+    for side, run in (("new", new), ("ref", ref)):
+        host = run.get("host") or {}
+        lines.append(f"{'' if side == 'ref' else chr(10)}- {side}: `wamdiff-eval {' '.join(run.get('argv') or [])}` "
+                     f"({host.get('cpu', '?')}, {host.get('cores', '?')} cores, commit {host.get('commit', '?')}, "
+                     f"{_f(run.get('wall_s'), 0)} s)")
+    return lines + [""]
+
+
 def card_metrics(results: Path) -> list[str]:
     """Markdown bullets of the shipped (final) student's measured numbers for the model card (``export.py``), from
     the same JSON as RESULTS.md."""
@@ -414,4 +461,21 @@ def card_metrics(results: Path) -> list[str]:
                          + (f"; {others}" if others else "")
                          + (f"; paired student − AR {_f(p['diff'], 1)} [{_f(p['lo'], 1)}, {_f(p['hi'], 1)}]"
                             if p else ""))
+    low = read_json(Path(results) / LOWSPEED)
+    if low is not None:
+        lines = [f"- before the low-speed continuation, the chain's Stage III student: {line[2:]}" for line in lines]
+        rows = {r["scenario"]: r for r in low["rows"] if r["mode"] == "paused"}
+        level = round(100 * low["level"])
+        parts = []
+        for name, r in rows.items():
+            if name in (low.get("groups") or {}) or name == "all":
+                parts.append(f"{'all' if name == 'all' else name + ' scenarios'} {_f(r['new_ds'], 1)} vs "
+                             f"{_f(r['ref_ds'], 1)}, paired {r['ds_diff']:+.1f} [{r['ds_diff_lo']:+.1f}, "
+                             f"{r['ds_diff_hi']:+.1f}]")
+        total = rows.get("all") or {}
+        lines.insert(0, f"- closed loop on scenarios v2, paused ({low['runs']['new'].get('episodes_per_scenario', '?')} "
+                     f"episodes per scenario, {level} % CI), this model vs `{_model_name(low['runs']['ref'])}`: "
+                     + "; ".join(parts)
+                     + (f"; starts from rest that got going {_starts(total, 'new')} vs {_starts(total, 'ref')}"
+                        if total.get("rest_starts") else ""))
     return lines or ["- No results logged yet: run `make results-eval`."]

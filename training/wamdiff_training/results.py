@@ -19,10 +19,10 @@ from pathlib import Path
 
 from wamdiff_training.evaluate_runs import evaluate_all
 from wamdiff_training.paper import disagreements, render_disagreements
-from wamdiff_training.render import (render_closed_loop, render_figure, render_fixed, render_open_loop, render_overlap,
-                                     render_runs, write_figure)
+from wamdiff_training.render import (LOWSPEED, render_closed_loop, render_figure, render_fixed, render_lowspeed,
+                                     render_open_loop, render_overlap, render_runs, write_figure)
 from wamdiff_training.runs import (ABLATION, DEFAULT_THRESHOLD, DIVERGENCE, FIGURE, HEADER, PIECES, REDO_KEYS,
-                                   ResultsError, load_pieces)
+                                   ResultsError, load_pieces, read_json)
 
 log = logging.getLogger("wamdiff_training")
 
@@ -45,6 +45,7 @@ def render(results: Path, out: Path, figure: Path | None = None) -> str:
     lines += render_overlap(pieces["overlap"])
     lines += render_figure(pieces["open_loop"], link)
     lines += render_closed_loop(pieces["closed_loop"])
+    lines += render_lowspeed(read_json(results / LOWSPEED))
     lines += render_runs(pieces["runs"])
     lines += render_disagreements(disagreements(pieces))
     text = "\n".join(lines).rstrip("\n") + "\n"

@@ -130,8 +130,9 @@ def _write_report(report: dict, path: str | None) -> None:
         print(f"report: {path}")
 
 
-def _report_episodes(path: str, planner: str, parser) -> list:
-    """The scored episodes of ``planner`` in a ``wamdiff-eval closed-loop`` report (its JSON, or its folder)."""
+def _report_episodes(path: str, planner: str, parser) -> tuple[list, dict]:
+    """The scored episodes of ``planner`` in a ``wamdiff-eval closed-loop`` report (its JSON, or its folder), and
+    the report's ``run`` record (its command, model, scenario set and settings; empty when it has none)."""
     from wamdiff_ros.world.metrics import EpisodeScore
 
     file = Path(path) / "report.json" if Path(path).is_dir() else Path(path)
@@ -144,14 +145,14 @@ def _report_episodes(path: str, planner: str, parser) -> list:
     if not chosen:
         present = ", ".join(sorted({e.planner for e in episodes})) or "none"
         parser.error(f"{file}: no episodes of planner {planner!r} (it holds: {present})")
-    return chosen
+    return chosen, report.get("run") or {}
 
 
 def compare_main(args, parser) -> int:
     from wamdiff_ros.world.summary import compare
 
-    new = _report_episodes(args.new, args.planner, parser)
-    ref = _report_episodes(args.ref, args.ref_planner or args.planner, parser)
+    new, new_run = _report_episodes(args.new, args.planner, parser)
+    ref, ref_run = _report_episodes(args.ref, args.ref_planner or args.planner, parser)
     groups = {}
     for spec in args.group or []:
         name, _, members = spec.partition("=")
@@ -183,6 +184,8 @@ def compare_main(args, parser) -> int:
                       f"({q['stepped_back_pct']:.2f} %) | {q['edited_per_100']:.1f} | {q['implausible_per_100']:.1f} "
                       f"| {q['median_forward_calls']:g} | {q['median_ms']:.1f} |")
     result["plan_quality"] = {name: plan_quality_by_mode(new if name == "new" else ref) for name in ("new", "ref")}
+    result["runs"] = {"new": {"report": args.new, "planner": args.planner, **new_run},
+                      "ref": {"report": args.ref, "planner": args.ref_planner or args.planner, **ref_run}}
     _write_report(result, args.json)
     return 0
 

@@ -131,7 +131,7 @@ def compare(new: Sequence[EpisodeScore], ref: Sequence[EpisodeScore], level: flo
     """Paired driving-score difference ``new - ref`` over the episodes both runs hold (same mode, scenario and
     seed): a row per mode and scenario, a row per mode for each of ``groups`` (name -> scenarios pooled, e.g. the v1
     scenarios of a v2 run) and a row per mode over all of them (scenario ``"all"``), each with both means, the
-    difference with its bootstrap CI at ``level``, the collisions per episode, the completed routes and the starts
+    difference with its bootstrap CI at ``level`` (and each mean's own), the collisions per episode, the completed routes and the starts
     from rest (episodes that start at rest, and those that got going on each side); plus how many episodes only one
     side holds (left out)."""
     a = {(s.mode, s.scenario, s.seed): s for s in new}
@@ -149,8 +149,10 @@ def compare(new: Sequence[EpisodeScore], ref: Sequence[EpisodeScore], level: flo
                 continue
             x, y = [a[k].driving_score for k in ks], [b[k].driving_score for k in ks]
             diff, lo, hi = paired_difference_ci(x, y, level=level, n=n, seed=seed)
+            (_, new_lo, new_hi), (_, ref_lo, ref_hi) = (bootstrap_ci(v, level=level, n=n, seed=seed) for v in (x, y))
             rows.append({"mode": mode, "scenario": scenario, "episodes": len(ks),
                          "new_ds": float(np.mean(x)), "ref_ds": float(np.mean(y)),
+                         "new_ds_lo": new_lo, "new_ds_hi": new_hi, "ref_ds_lo": ref_lo, "ref_ds_hi": ref_hi,
                          "ds_diff": diff, "ds_diff_lo": lo, "ds_diff_hi": hi,
                          "new_collisions_per_ep": float(np.mean([a[k].collisions for k in ks])),
                          "ref_collisions_per_ep": float(np.mean([b[k].collisions for k in ks])),
@@ -159,5 +161,5 @@ def compare(new: Sequence[EpisodeScore], ref: Sequence[EpisodeScore], level: flo
                          "rest_starts": sum(a[k].start_ok is not None for k in ks),
                          "new_rest_starts_ok": sum(bool(a[k].start_ok) for k in ks),
                          "ref_rest_starts_ok": sum(bool(b[k].start_ok) for k in ks)})
-    return {"level": level, "rows": rows, "episodes": len(keys),
+    return {"level": level, "rows": rows, "episodes": len(keys), "groups": {k: list(v) for k, v in groups.items()},
             "only_new": len(a.keys() - b.keys()), "only_ref": len(b.keys() - a.keys())}
