@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from wamdiff_ros.world.closed_loop import ExpertPlanner, LoopConfig, run_episode
+from wamdiff_ros.world.expert import Expert
 from wamdiff_ros.world.metrics import START_MOVE_M, Infraction, score_episode
 from wamdiff_ros.world.road_mesh import road_layers
 from wamdiff_ros.world.scenarios import ScenarioError, load_scenarios
@@ -115,6 +116,31 @@ def test_stop_line_entering_the_box_without_a_full_stop_is_a_stop_infraction(v2,
     assert kinds.count(Infraction.STOP_SIGN) == (0 if stop else 1)
     assert world.stopped_at_line == stop
     assert score_episode(world.episode_log("x", "paused")).infraction_penalty == pytest.approx(1.0 if stop else 0.8)
+
+
+def test_expert_labels_an_ego_standing_short_of_the_stop_line_to_roll_up_to_it(v2):
+    """A driver the expert labels (DAgger) stopped 25 m before the box: the expert's plan rolls up to the line and stops
+    there -- not a stop where the ego stands, which would label every later frame "stay" -- and followed, it makes
+    its full stop at the line and goes on."""
+    world = World(v2.get("give_way_stop"), seed=1000003, scenarios=v2)
+    junction = world.route.junction_m
+    while world.progress_m < junction - 25.0 - world.ego_speed ** 2 / 4.0:
+        world.step(np.clip(2.0 * (6.0 - world.ego_speed), -3.0, 2.0), 0.0)
+    while world.ego_speed > 0.0:
+        world.step(-2.0, 0.0)
+    assert junction - 30.0 < world.progress_m < junction - 20.0 and not world.stopped_at_line
+    plan = Expert(world).plan()
+    reach = float(plan.waypoints[-1, 0])
+    assert 3.0 < reach and world.progress_m + reach <= junction  # forward, and not into the box
+    start = world.progress_m
+    for _ in range(round(30.0 / 0.5)):  # follow its plans, a new one every 0.5 s, until the full stop is made
+        target = float(np.hypot(*Expert(world).plan().waypoints[0])) / 0.5
+        for _ in range(round(0.5 / world.dt)):
+            world.step(np.clip(2.0 * (target - world.ego_speed), -4.0, 2.0), 0.0)
+        if world.stopped_at_line:
+            break
+    assert world.stopped_at_line and world.progress_m > start + 10.0
+    assert not [e for e in world.events if e.kind == Infraction.STOP_SIGN]
 
 
 def test_stop_line_is_painted_across_the_approach_only_where_the_scenario_has_one(v2):

@@ -31,6 +31,8 @@ RING_NODES = frozenset(("se", "ex", "ee", "nx", "ne", "wx", "we", "sx"))
 EGO_HALF_LENGTH = 2.5
 GIVE_WAY_SPEED = 4.0  # m/s at a give-way line, reached braking at most GIVE_WAY_DECEL
 GIVE_WAY_DECEL = 1.0
+CREEP_SPEED = 1.0  # m/s: at a stop line, slower than this and
+CREEP_FROM_M = 1.0  # farther than this from the stop point: roll up to the line rather than stop where it is
 STOP_MARGIN_M = 2.0  # the follower lags a stop profile by about a metre
 STOPPING_TARGET = 0.05  # m/s: a car whose own target speed is this low is braking to a stop
 
@@ -223,7 +225,12 @@ class Expert:
             accels = list(ACCELS)
             to_line = self.junction[0] - EGO_HALF_LENGTH - STOP_MARGIN_M
             must_stop = self.w.spec.stop_line and not self.w.stopped_at_line and self.junction[0] < math.inf
-            if must_stop and to_line < 60.0:  # a stop line: a full stop at it first, whatever the traffic
+            if must_stop and to_line > CREEP_FROM_M and self.w.ego.speed < CREEP_SPEED:
+                # slow or standing short of the line (a driver it labels stopped early): roll up to the line on a
+                # gentle stopping profile, not a stop where it stands (that would hold it there for good)
+                d = to_line - np.arange(len(limits)) * PATH_STEP_M
+                limits = np.minimum(limits, np.sqrt(2.0 * GIVE_WAY_DECEL * np.maximum(d, 0.0)))
+            elif must_stop and to_line < 60.0:  # a stop line: a full stop at it first, whatever the traffic
                 stop = -min(6.0, self.w.ego.speed ** 2 / (2 * max(to_line, 0.05))) if to_line > 0.3 else -6.0
                 accels = [stop] + [a for a in accels if a < stop]
             elif 0.3 < to_line < 60.0:  # a profile that stops at the junction's entry line
