@@ -22,8 +22,8 @@ except ImportError:
 from wamdiff_ros import format as fmt
 from wamdiff_ros.cli import load_rgb
 from wamdiff_ros.inputs import encode_prompt
-from wamdiff_training.data import (SLOW_DOWN_M, Record, RecordError, SampleDataset, encode_record, load_records,
-                                   mix_group, read_manifest, slows_down, turn_ahead)
+from wamdiff_training.data import (REST_GO_M, REST_SPEED, SLOW_DOWN_M, Record, RecordError, SampleDataset, encode_record,
+                                   load_records, mix_group, moves_off, read_manifest, slows_down, turn_ahead)
 from wamdiff_training.sampling import TaskMix, TaskMixSampler
 from wamdiff_training.world.dataset import main as export
 
@@ -331,6 +331,26 @@ def test_same_seed_same_batches_other_seed_other_batches():
     assert not np.array_equal(s.epoch_batches(0), s.epoch_batches(1))  # reshuffled per epoch
     s.set_epoch(1)
     assert next(iter(s)) == s.epoch_batches(1)[0].tolist()
+
+
+def test_frames_at_rest_that_move_off_or_wait_are_their_own_groups_when_weighted():
+    def plan(speed, x8, **meta):
+        xs = np.linspace(x8 / 8, x8, 8)
+        return Record("p", Path("x.png"), "", fmt.format_waypoints(np.stack([xs, np.zeros(8)], 1)), "plan",
+                      {"expert": "free", "command": "follow", "speed": speed, **meta})
+
+    starts, waits = plan(0.0, 12.0), plan(0.0, 0.0)
+    creeps, rolling = plan(REST_SPEED - 0.01, REST_GO_M - 0.5), plan(REST_SPEED, 12.0)
+    at_junction = plan(0.0, 8.0, command="left")  # a start at a junction is a start first
+    assert moves_off(starts.answer) and not moves_off(creeps.answer) and not moves_off("not a plan")
+    weights = {"plan": 1.0, "plan/junction": 1.0, "plan/rest_start": 1.0, "plan/rest_hold": 1.0}
+    assert [mix_group(r, weights) for r in (starts, waits, creeps, rolling, at_junction)] == \
+        ["plan/rest_start", "plan/rest_hold", "plan/rest_hold", "plan", "plan/rest_start"]
+    only_starts = {"plan": 1.0, "plan/junction": 1.0, "plan/rest_start": 1.0}
+    waits_at_junction = plan(0.0, 0.0, command="left")  # its group not named: the junction's
+    assert [mix_group(r, only_starts) for r in (starts, waits, waits_at_junction)] == ["plan/rest_start", "plan",
+                                                                                      "plan/junction"]
+    assert mix_group(Record("p", Path("x.png"), "", "boxes", "detect", {"speed": 0.0}), weights) == "detect"
 
 
 def test_lane_keeping_frames_that_brake_are_their_own_group_when_weighted():

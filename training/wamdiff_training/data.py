@@ -80,6 +80,8 @@ class Sample:
 BEHAVIOURS = ("cruise", "junction", "lane_change", "yield")
 TURN_END_M = 3.0  # a turn ahead: the reference's last waypoint (4 s) ends at least this far to one side ...
 TURN_BEGUN_M = 0.3  # ... while its 1 s waypoint is within this of straight ahead (the ego has not begun to turn)
+REST_SPEED = 0.5  # m/s: a plan record this slow is at rest (a start, a queue, a stop line) ...
+REST_GO_M = 3.0  # ... and moves off when its reference's 4 s waypoint lies at least this far ahead
 SLOW_DOWN_M = 8.0  # a slow-down: the reference's 4 s waypoint falls this far short of holding the current speed
 
 
@@ -119,13 +121,26 @@ def slows_down(answer: str, speed: float | None) -> bool:
     return parsed.valid and float(parsed.waypoints[-1, 0]) <= float(speed) * horizon - SLOW_DOWN_M
 
 
+def moves_off(answer: str) -> bool:
+    """Whether a plan reference gets going: its 4 s waypoint at least ``REST_GO_M`` ahead."""
+    parsed = fmt.parse_waypoints(answer)
+    return parsed.valid and float(parsed.waypoints[-1, 0]) >= REST_GO_M
+
+
 def mix_group(record: Record, weights: dict[str, float]) -> str:
     """The sampling group of a record under ``data.task_weights``: ``"plan/<behaviour>"`` (e.g. ``plan/lane_change``)
     or ``"ask/<question>"`` (the world's question key, e.g. ``ask/lead``) when the weights name that group, else its
     task; a named group's share is taken out of its task's. ``plan/turn_start`` (when named) takes the junction
     records whose reference begins a turn (``turn_ahead``) out of ``plan/junction`` or ``plan``; ``plan/slow_down``
     (when named) the lane-keeping records whose reference brakes (``slows_down``: car following, a slow lead) out
-    of ``plan/cruise`` or ``plan``."""
+    of ``plan/cruise`` or ``plan``; ``plan/rest_start`` and ``plan/rest_hold`` (when named) every plan record at rest
+    (slower than ``REST_SPEED``) whose reference moves off (``moves_off``), or does not, whatever its behaviour: the
+    few frames where a start from rest is decided, against the many where the ego waits."""
+    speed = record.meta.get("speed")
+    if record.task == "plan" and speed is not None and float(speed) < REST_SPEED:
+        group = "plan/rest_start" if moves_off(record.answer) else "plan/rest_hold"
+        if group in weights:
+            return group
     sub = behaviour_of(record.meta) if record.task == "plan" else (
         record.meta.get("question") if record.task == "ask" else None)
     if sub == "junction" and "plan/turn_start" in weights and turn_ahead(record.answer):
