@@ -22,7 +22,7 @@ from wamdiff_training import checkpoint
 from wamdiff_training.cli import main
 from wamdiff_training.config import ConfigError, load_config
 from wamdiff_training.engine import build_bundle
-from wamdiff_training.hierarchy import CONFIGS, ensure_data, final_run, load_plan, plan_steps
+from wamdiff_training.hierarchy import CONFIGS, LowSpeedPlan, ensure_data, final_run, load_plan, plan_steps
 from conftest import assert_parsed_plan
 
 
@@ -532,13 +532,23 @@ def test_lowspeed_plan_extends_the_shipped_one_and_continues_the_student(tmp_pat
     assert low.root != shipped.root and shipped.lowspeed is None and low.lowspeed.init.endswith("wamdiff-tiny")
     steps = {s.name: s for s in plan_steps(low)}
     names = [n for n in steps if n.startswith("student/lowspeed")]
-    assert names == ["student/lowspeed/data", "student/lowspeed/replay", "student/lowspeed",
-                     "student/lowspeed/dagger/r01/data", "student/lowspeed/dagger/r01"]
+    rounds = low.lowspeed.dagger.rounds
+    assert names == ["student/lowspeed/data", "student/lowspeed/replay", "student/lowspeed"] + [
+        f"student/lowspeed/dagger/r{r:02d}{part}" for r in range(1, rounds + 1) for part in ("/data", "")]
     assert "scenario_file=v2" in steps["student/lowspeed/data"].overrides
     assert f"scenarios={low.scenarios}" in steps["student/lowspeed/replay"].overrides
     assert f"model.init={low.lowspeed.init}" in steps["student/lowspeed"].overrides
     assert "adapt.block_size=32" in steps["student/lowspeed/dagger/r01"].overrides
-    assert str(final_run(low)).endswith("student/lowspeed/dagger/r01")
+    assert str(final_run(low)).endswith(f"student/lowspeed/dagger/r{rounds:02d}")
+    weights = low.lowspeed.task_weights or {}  # the low-speed steps' own mix on top of the plan's
+    for task, w in weights.items():
+        assert f"data.task_weights.{task}={w}" in steps["student/lowspeed"].overrides
+    extra = load_plan(CONFIGS / "tiny_lowspeed.yaml")
+    extra.lowspeed.task_weights = {"plan/rest_start": 0.25}
+    assert "data.task_weights.plan/rest_start=0.25" in {s.name: s for s in plan_steps(extra)}[
+        f"student/lowspeed/dagger/r{rounds:02d}"].overrides
+    with pytest.raises(ConfigError, match="lowspeed.task_weights"):
+        LowSpeedPlan(task_weights={"plan/rest_start": -1.0})
 
     # a small one, run: from the packaged model, one v2 episode, a DAgger round driven by the continued model
     plan = {"extends": str(CONFIGS / "tiny_lowspeed.yaml"), "root": str(tmp_path / "low"), "batch_size": 2,

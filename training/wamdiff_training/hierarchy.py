@@ -106,7 +106,8 @@ class LowSpeedPlan:
     from ``init`` (a checkpoint folder, e.g. the shipped ``wamdiff_ros/assets/wamdiff-tiny``; None: the chain's Stage
     III run) on its own exports -- ``episodes`` expert episodes per scenario of ``scenarios`` from ``scenario_file``
     and ``replay`` per scenario of the plan's own set (what it drove before, so it keeps it) -- for ``steps``
-    steps, then ``dagger`` rounds driven by the model so far over ``scenarios``, each trained on the union so far."""
+    steps, then ``dagger`` rounds driven by the model so far over ``scenarios``, each trained on the union so far;
+    ``task_weights`` are added to (or replace) the plan's own for these steps (e.g. ``plan/rest_start``)."""
 
     scenario_file: str = "v2"
     scenarios: str = "start_clear,start_queue,stop_and_go,give_way_stop"
@@ -116,10 +117,15 @@ class LowSpeedPlan:
     lr: float | None = None
     init: str | None = None
     dagger: DaggerPlan | dict | None = None
+    task_weights: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.dagger, dict):
             self.dagger = _section(DaggerPlan, self.dagger, "lowspeed.dagger", "hierarchy")
+        if self.task_weights is not None and (not isinstance(self.task_weights, dict) or not all(
+                isinstance(v, (int, float)) and v >= 0 for v in self.task_weights.values())):
+            raise ConfigError("hierarchy", "lowspeed.task_weights", f"expected group: weight >= 0, got "
+                                                                    f"{self.task_weights!r}")
         if self.episodes < 1 or self.replay < 0 or self.steps < 1 or (self.lr is not None and not self.lr > 0):
             raise ConfigError("hierarchy", "lowspeed", f"episodes and steps must be >= 1, replay >= 0, lr > 0; got "
                                                        f"{self}")
@@ -298,6 +304,7 @@ def lowspeed_steps(plan: HierarchyPlan, base: list[str]) -> list[Step]:
     """``plan.lowspeed``'s exports, its run and its DAgger rounds (``LOWSPEED/...``)."""
     low, root = plan.lowspeed, Path(plan.root) / LOWSPEED
     big = plan.curriculum[-1]
+    base = [*base, *(f"data.task_weights.{task}={w}" for task, w in (low.task_weights or {}).items())]
     steps = [Step(f"{LOWSPEED}/data", "world-data", "", root / "data", 0, [
         f"scenario_file={low.scenario_file}", f"scenarios={low.scenarios}", f"episodes={low.episodes}",
         f"seed_offset={LOWSPEED_SEED_OFFSET}"])]
