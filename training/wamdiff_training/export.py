@@ -109,14 +109,18 @@ def stages_text(plan_path: str | None) -> str:
 def lowspeed_text(plan) -> str:
     """The low-speed continuation's recipe (``plan.lowspeed``), for the card's stages."""
     low, d = plan.lowspeed, plan.lowspeed.dagger
-    start = f"from `{low.init}` (the chain's Stage III student, exported)" if low.init else "from Stage III's run"
+    start = (f"from `{low.init}` (the chain's Stage III student, as shipped before this continuation)" if low.init
+             else "from Stage III's run")
     lr = f", lr {low.lr:g}" if low.lr else ""
     text = (f"low-speed continuation at B = {plan.curriculum[-1]} {start} on scenario set {low.scenario_file}: "
             f"{low.episodes} expert episodes per scenario of {low.scenarios.replace(',', ', ')} and {low.replay} per "
             f"scenario of the chain's set (replay), {low.steps} steps{lr}")
+    if low.task_weights:
+        text += " (sampling weights " + ", ".join(f"{k} {v:g}" for k, v in low.task_weights.items()) + ")"
     if d is not None:
+        shares = ", ".join(f"{d.share(r):g}" for r in range(1, d.rounds + 1))
         text += (f"; then {d.rounds} DAgger round{'s' if d.rounds > 1 else ''} ({d.episodes} episodes per new "
-                 f"scenario driven by the model so far, expert share {d.share(1):g}; {d.steps} steps on all its data)")
+                 f"scenario driven by the model so far, expert share {shares}; {d.steps} steps each on all its data)")
     return text
 
 
