@@ -72,12 +72,14 @@ def test_the_comparison_renders_as_results_g(tmp_path, capsys):
 
 def test_card_and_demo_score_quote_the_shipped_model_on_v2(tmp_path):
     results = _lowspeed(tmp_path)
-    lines = render.card_metrics(results)
+    assert render.card_metrics(results) == ["- No results logged yet: run `make results-eval`."]  # not for the chain
+    assert export.eval_summary(results) is None
+    lines = render.card_metrics(results, lowspeed=True)
     assert lines[0].startswith("- closed loop on scenarios v2, paused (4 episodes per scenario, 90 % CI), this model "
                                "vs `wamdiff-tiny`: v1 scenarios 81.5 vs 80.0, paired +1.5")
     assert "new scenarios 100.0 vs 5.0, paired +95.0" in lines[0] and lines[0].endswith(
         "starts from rest that got going 4/4 (100 %) vs 1/4 (25 %)")
-    summary = export.eval_summary(results)
+    summary = export.eval_summary(results, lowspeed=True)
     assert summary["driving_score"] == (sum(80.0 + s for s in range(4)) + 400.0) / 8 and summary["episodes"] == 8
     assert summary["ci90"][0] <= summary["driving_score"] <= summary["ci90"][1]
     assert summary["source"] == "training/RESULTS.md (g), scenario set v2" and summary["mode"] == "paused"
@@ -85,11 +87,13 @@ def test_card_and_demo_score_quote_the_shipped_model_on_v2(tmp_path):
     groups = [{"planner": "student", "mode": "paused", "episodes": 100, "ds": 50.0, "ds_lo": 45.5, "ds_hi": 54.5}]
     (results / "closed_loop.json").write_text(json.dumps({"settings": {"modes": ["paused"]}, "entries": {
         "student": {"status": "ok", "groups": groups, "episodes": []}}}))
-    lines = render.card_metrics(results)
+    lines = render.card_metrics(results, lowspeed=True)
     assert lines[0].startswith("- closed loop on scenarios v2") and len(lines) == 2
     assert lines[1].startswith("- before the low-speed continuation, the chain's Stage III student: closed loop, "
                                "paused: driving score 50.0")
-    assert export.eval_summary(results)["source"].endswith("scenario set v2")  # the shipped model's, not the chain's
+    assert export.eval_summary(results, lowspeed=True)["source"].endswith("scenario set v2")  # not the chain's
+    assert render.card_metrics(results)[0].startswith("- closed loop, paused: driving score 50.0")  # the chain's card
+    assert export.eval_summary(results)["source"] == "training/RESULTS.md"
 
 
 def test_the_card_describes_the_low_speed_recipe():

@@ -202,7 +202,7 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str
         "",
         "## Measured",
     ]
-    lines += _metrics(results)
+    lines += _metrics(results, lowspeed=low is not None)
     lines += [
         "",
         "## Limits",
@@ -227,26 +227,26 @@ def _parameters(path: Path) -> int:
         return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
 
 
-def _metrics(results: Path | None) -> list[str]:
+def _metrics(results: Path | None, lowspeed: bool = False) -> list[str]:
     if results is None or not results.is_dir():
         return ["- No results logged yet: run `make results-eval`."]
     try:
         from wamdiff_training.render import card_metrics
     except ImportError:
         return ["- See training/RESULTS.md."]
-    return card_metrics(results)
+    return card_metrics(results, lowspeed=lowspeed)
 
 
-def eval_summary(results: Path | None) -> dict | None:
-    """The shipped model's paused-mode closed-loop score (what ``wamdiff-demo`` quotes): over every scenario of the
-    low-speed comparison (``lowspeed.json``, the model it names "new") where that exists, else the student's from
-    ``closed_loop.json``."""
+def eval_summary(results: Path | None, lowspeed: bool = False) -> dict | None:
+    """The exported model's paused-mode closed-loop score (what ``wamdiff-demo`` quotes): for the low-speed
+    continuation (``lowspeed``) over every scenario of its comparison (``lowspeed.json``, the model it names "new"),
+    else the chain's student's from ``closed_loop.json``."""
     if results is None:
         return None
     from wamdiff_training.render import LOWSPEED
 
     low = results / LOWSPEED
-    if low.is_file():
+    if lowspeed and low.is_file():
         piece = json.loads(low.read_text())
         row = next((r for r in piece["rows"] if r["scenario"] == "all" and r["mode"] == "paused"), None)
         if row is not None:
@@ -290,14 +290,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --checkpoint, or --plan to export its final student")
     out = Path(args.out)
     try:
-        if args.checkpoint is None:
-            from wamdiff_training.hierarchy import final_run, load_plan
+        from wamdiff_training.hierarchy import final_run, load_plan
 
+        if args.checkpoint is None:
             args.checkpoint = str(final_run(load_plan(args.plan)))
         ckpt = copy_checkpoint(args.checkpoint, out)
         _smoke(out)
         (out / "README.md").write_text(model_card(out, ckpt, Path(args.results), args.name, args.plan))
-        summary = eval_summary(Path(args.results))
+        lowspeed = args.plan is not None and load_plan(args.plan).lowspeed is not None
+        summary = eval_summary(Path(args.results), lowspeed=lowspeed)
         if summary is not None:
             (out / "eval_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     except (CheckpointError, ConfigError, OSError, ValueError) as exc:

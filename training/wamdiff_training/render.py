@@ -430,9 +430,10 @@ def render_lowspeed(piece: dict | None) -> list[str]:
     return lines + [""]
 
 
-def card_metrics(results: Path) -> list[str]:
+def card_metrics(results: Path, lowspeed: bool = False) -> list[str]:
     """Markdown bullets of the shipped (final) student's measured numbers for the model card (``export.py``), from
-    the same JSON as RESULTS.md."""
+    the same JSON as RESULTS.md; for the low-speed continuation (``lowspeed``) its v2 comparison first and the
+    chain's lines marked as the model it continues."""
     pieces = load_pieces(Path(results))
     lines = []
     final, ar = _ok(pieces["open_loop"], SWEPT), _ok(pieces["open_loop"], "student_ar")
@@ -461,7 +462,7 @@ def card_metrics(results: Path) -> list[str]:
                          + (f"; {others}" if others else "")
                          + (f"; paired student − AR {_f(p['diff'], 1)} [{_f(p['lo'], 1)}, {_f(p['hi'], 1)}]"
                             if p else ""))
-    low = read_json(Path(results) / LOWSPEED)
+    low = read_json(Path(results) / LOWSPEED) if lowspeed else None
     if low is not None:
         lines = [f"- before the low-speed continuation, the chain's Stage III student: {line[2:]}" for line in lines]
         rows = {r["scenario"]: r for r in low["rows"] if r["mode"] == "paused"}
