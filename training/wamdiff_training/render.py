@@ -409,7 +409,9 @@ def render_lowspeed(piece: dict | None) -> list[str]:
               f"from {new.get('first_seed', '?')}, plans requested at {new.get('plan_hz', '?')} Hz, "
               f"{', '.join(new.get('modes') or ['?'])}; episodes paired by (mode, scenario, seed). The v1 scenarios "
               "are the frozen set's, unchanged; the others start at rest or stop and go. A start from rest succeeds "
-              "when the ego moves 10 m along its route within 5 s of its way opening. Bold rows pool scenarios.", ""]
+              "when the ego moves 10 m along its route within 5 s of its way opening. Bold rows pool scenarios. Whether new "
+              "replaced the shipped model, and why: [docs/experiments.md](../docs/experiments.md#low-speed-continuation).",
+              ""]
     singles = {r["scenario"] for r in piece["rows"]} - {"all"} - set(piece.get("groups") or {})
     rows = []
     for r in piece["rows"]:
