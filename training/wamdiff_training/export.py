@@ -162,7 +162,8 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str
         "## Data",
     ]
     version = manifest.get("scenario_set", {}).get("version", "?")
-    low = load_plan(plan).lowspeed if plan is not None else None
+    recipe = load_plan(plan) if plan is not None else None
+    low = recipe.lowspeed if recipe is not None else None
     if manifest and (version == 1 or low is not None):
         lines.append("- Exported by `wamdiff-train data generate` from the frozen scenario set v1 (highway "
                      "overtaking, on-ramp merge, roundabout with a commanded exit, unsignalised intersection), "
@@ -175,15 +176,15 @@ def model_card(out: Path, ckpt: Path, results: Path | None, name: str, plan: str
     rounds = [f for f in (config.get("data") or {}).get("train") or []
               if any("dagger" in part for part in Path(f).parts[-4:-1])]
     if low is not None:
-        p = load_plan(plan)
-        chain = sum(x.rounds for x in (p.dagger, p.adapt_dagger) if x is not None)
+        chain = sum(x.rounds for x in (recipe.dagger, recipe.adapt_dagger) if x is not None)
         lines.append(f"- Plus {chain} DAgger round exports of the chain (fresh training seeds, partly driven by the "
                      "model being trained, every frame labelled by the expert).")
-        lines.append(f"- Then, for the low-speed continuation, scenario set v2 (`scenarios_v2.yaml`): starts from rest "
-                     "on a clear road and behind a standing queue, a lead that stops and goes, a stop line at the "
-                     f"crossing ({low.scenarios}), {low.episodes} expert episodes each, a replay of {low.replay} per "
-                     f"v1 scenario, and {len(rounds)} DAgger round export{'s' if len(rounds) != 1 else ''} driven by "
-                     "the model.")
+        what = (" (`scenarios_v2.yaml`): starts from rest on a clear road and behind a standing queue, a lead that "
+                "stops and goes, a stop line at the crossing") if low.scenario_file == "v2" else ""
+        lines.append(f"- Then, for the low-speed continuation, scenario set {low.scenario_file}{what} "
+                     f"({low.scenarios}), {low.episodes} expert episodes each, a replay of {low.replay} per v1 "
+                     f"scenario, and {len(rounds)} DAgger round export{'s' if len(rounds) != 1 else ''} driven by the "
+                     "model.")
     elif rounds:
         lines.append(f"- Plus {len(rounds)} DAgger round exports (fresh training seeds, partly driven by the model "
                      "being trained, every frame labelled by the expert).")
