@@ -100,8 +100,8 @@ def test_the_card_describes_the_low_speed_recipe():
     text = export.stages_text(str(LOWSPEED_PLAN))
     assert "Stage III cross-scale distillation" in text
     assert ("-> low-speed continuation at B = 32 from `wamdiff_ros/assets/wamdiff-tiny` (the chain's Stage III "
-            "student, as shipped before this continuation) on scenario set v2: 30 expert episodes per scenario of start_clear, start_queue, "
-            "stop_and_go, give_way_stop and 10 per scenario of the chain's set (replay), 800 steps, lr 0.0005 (sampling "
+            "student, as shipped before this continuation) on scenario set v2: 30 expert episodes per scenario of "
+            "start_clear, start_queue, stop_and_go, give_way_stop and 10 per scenario of the chain's set (replay), 800 steps, lr 0.0005 (sampling "
             "weights plan/rest_start 0.3, plan/rest_hold 0.2)") in text
     assert "then 3 DAgger rounds (15 episodes per new scenario driven by the model so far, expert share 0.3, 0.1, " \
            "0.1; 600 steps each on all its data)." in text

@@ -72,7 +72,8 @@ def test_cli_groups_rows_and_refuses_a_bad_group(tmp_path, capsys):
     assert main(["compare", new, ref, "--group", "v1=highway,merge"]) == 0
     text = capsys.readouterr().out
     assert "| paused | v1 | 1 | 52.0 | 50.0 | +2.0 [+2.0, +2.0] | 0.00, 0.00 | 0, 0 | - |" in text
-    assert "| paused | start_clear | 1 | 80.0 | 0.0 | +80.0 [+80.0, +80.0] | 0.00, 0.00 | 0, 0 | 1/1 (100 %), 0/1 (0 %) |" in text
+    assert ("| paused | start_clear | 1 | 80.0 | 0.0 | +80.0 [+80.0, +80.0] | 0.00, 0.00 | 0, 0 | 1/1 (100 %), "
+            "0/1 (0 %) |") in text
     for bad in ("v1", "=highway", "all=highway"):
         with pytest.raises(SystemExit):
             main(["compare", new, ref, "--group", bad])

@@ -409,8 +409,9 @@ def render_lowspeed(piece: dict | None) -> list[str]:
               f"from {new.get('first_seed', '?')}, plans requested at {new.get('plan_hz', '?')} Hz, "
               f"{', '.join(new.get('modes') or ['?'])}; episodes paired by (mode, scenario, seed). The v1 scenarios "
               "are the frozen set's, unchanged; the others start at rest or stop and go. A start from rest succeeds "
-              "when the ego moves 10 m along its route within 5 s of its way opening. Bold rows pool scenarios. Whether new "
-              "replaced the shipped model, and why: [docs/experiments.md](../docs/experiments.md#low-speed-continuation).",
+              "when the ego moves 10 m along its route within 5 s of its way opening. Bold rows pool scenarios. "
+              "Whether new replaced the shipped model, and why: "
+              "[docs/experiments.md](../docs/experiments.md#low-speed-continuation).",
               ""]
     singles = {r["scenario"] for r in piece["rows"]} - {"all"} - set(piece.get("groups") or {})
     rows = []
@@ -476,7 +477,8 @@ def card_metrics(results: Path, lowspeed: bool = False) -> list[str]:
                              f"{_f(r['ref_ds'], 1)}, paired {r['ds_diff']:+.1f} [{r['ds_diff_lo']:+.1f}, "
                              f"{r['ds_diff_hi']:+.1f}]")
         total = rows.get("all") or {}
-        lines.insert(0, f"- closed loop on scenarios v2, paused ({low['runs']['new'].get('episodes_per_scenario', '?')} "
+        per_scenario = low["runs"]["new"].get("episodes_per_scenario", "?")
+        lines.insert(0, f"- closed loop on scenarios v2, paused ({per_scenario} "
                      f"episodes per scenario, {level} % CI), this model vs `{_model_name(low['runs']['ref'])}`: "
                      + "; ".join(parts)
                      + (f"; starts from rest that got going {_starts(total, 'new')} vs {_starts(total, 'ref')}"
