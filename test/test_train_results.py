@@ -202,7 +202,8 @@ def test_render_tables(rendered):
     text, md = rendered
     assert text.splitlines()[2] == runs.HEADER
     heads = [line for line in text.splitlines() if line.startswith("## ")]
-    assert [h.split()[1] for h in heads] == ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "Runs", "Where"]
+    assert [h.split()[1] for h in heads] == ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "Runs", "Where"]
+    assert "*not run* — `training/results/lowspeed.json` is missing" in text  # no low-speed comparison logged
     assert re.search(r"^\| student Stage I B=4 \| not run \|", text, re.M)
     assert re.search(r"^\| direct AR → B=32 \(no curriculum\) \| not run \|", text, re.M)
     t = re.escape(f"{runs.DEFAULT_THRESHOLD:.2f}")
