@@ -293,13 +293,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from wamdiff_training.hierarchy import final_run, load_plan
 
+        recipe = load_plan(args.plan) if args.plan is not None else None
         if args.checkpoint is None:
-            args.checkpoint = str(final_run(load_plan(args.plan)))
+            args.checkpoint = str(final_run(recipe))
         ckpt = copy_checkpoint(args.checkpoint, out)
         _smoke(out)
         (out / "README.md").write_text(model_card(out, ckpt, Path(args.results), args.name, args.plan))
-        lowspeed = args.plan is not None and load_plan(args.plan).lowspeed is not None
-        summary = eval_summary(Path(args.results), lowspeed=lowspeed)
+        summary = eval_summary(Path(args.results), lowspeed=recipe is not None and recipe.lowspeed is not None)
         if summary is not None:
             (out / "eval_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     except (CheckpointError, ConfigError, OSError, ValueError) as exc:

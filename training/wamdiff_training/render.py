@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
+from wamdiff_ros.world.summary import starts_text
 from wamdiff_training.runs import (DEFAULT_THRESHOLD, K, LEVEL, OPEN_LOOP, OVERLAP_STUDENTS, OVERLAP_TEACHERS,
                                    PLANNER_LABELS, RHO_TEACHER, SWEPT, Target, _label, load_pieces, read_json)
 
@@ -385,11 +386,6 @@ def render_runs(piece: dict | None) -> list[str]:
     return lines + [""]
 
 
-def _starts(row: dict, side: str) -> str:
-    n = row.get("rest_starts") or 0
-    return f"{row[f'{side}_rest_starts_ok']}/{n} ({100.0 * row[f'{side}_rest_starts_ok'] / n:.0f} %)" if n else "-"
-
-
 def _model_name(run: dict) -> str:
     return str(run.get("model") or run.get("report") or "?")
 
@@ -419,15 +415,16 @@ def render_lowspeed(piece: dict | None) -> list[str]:
         name = r["scenario"] if r["scenario"] in singles else f"**{r['scenario']}**"
         rows.append([name, r["mode"], r["episodes"], _f(r["new_ds"], 1), _f(r["ref_ds"], 1),
                      f"{r['ds_diff']:+.1f} [{r['ds_diff_lo']:+.1f}, {r['ds_diff_hi']:+.1f}]",
-                     _starts(r, "new"), _starts(r, "ref"),
+                     starts_text(r, "new"), starts_text(r, "ref"),
                      f"{_f(r['new_collisions_per_ep'], 2)}, {_f(r['ref_collisions_per_ep'], 2)}",
                      f"{r['new_completed']}, {r['ref_completed']}"])
     lines += _table(["scenario", "mode", "episodes", "new DS", "ref DS", f"new − ref [{level}% CI]",
                      "starts ok (new)", "starts ok (ref)", "collisions/ep (new, ref)", "completed (new, ref)"],
                     rows, "llrrrlrrrr")
+    lines.append("")
     for side, run in (("new", new), ("ref", ref)):
         host = run.get("host") or {}
-        lines.append(f"{'' if side == 'ref' else chr(10)}- {side}: `wamdiff-eval {' '.join(run.get('argv') or [])}` "
+        lines.append(f"- {side}: `wamdiff-eval {' '.join(run.get('argv') or [])}` "
                      f"({host.get('cpu', '?')}, {host.get('cores', '?')} cores, commit {host.get('commit', '?')}, "
                      f"{_f(run.get('wall_s'), 0)} s)")
     return lines + [""]
@@ -481,6 +478,6 @@ def card_metrics(results: Path, lowspeed: bool = False) -> list[str]:
         lines.insert(0, f"- closed loop on scenarios v2, paused ({per_scenario} "
                      f"episodes per scenario, {level} % CI), this model vs `{_model_name(low['runs']['ref'])}`: "
                      + "; ".join(parts)
-                     + (f"; starts from rest that got going {_starts(total, 'new')} vs {_starts(total, 'ref')}"
+                     + (f"; starts from rest that got going {starts_text(total, 'new')} vs {starts_text(total, 'ref')}"
                         if total.get("rest_starts") else ""))
     return lines or ["- No results logged yet: run `make results-eval`."]

@@ -149,7 +149,7 @@ def _report_episodes(path: str, planner: str, parser) -> tuple[list, dict]:
 
 
 def compare_main(args, parser) -> int:
-    from wamdiff_ros.world.summary import compare
+    from wamdiff_ros.world.summary import compare, starts_text
 
     new, new_run = _report_episodes(args.new, args.planner, parser)
     ref, ref_run = _report_episodes(args.ref, args.ref_planner or args.planner, parser)
@@ -170,7 +170,8 @@ def compare_main(args, parser) -> int:
         print(f"| {r['mode']} | {r['scenario']} | {r['episodes']} | {r['new_ds']:.1f} | {r['ref_ds']:.1f} | "
               f"{r['ds_diff']:+.1f} [{r['ds_diff_lo']:+.1f}, {r['ds_diff_hi']:+.1f}] | "
               f"{r['new_collisions_per_ep']:.2f}, {r['ref_collisions_per_ep']:.2f} | "
-              f"{r['new_completed']}, {r['ref_completed']} | {_starts(r)} |")
+              f"{r['new_completed']}, {r['ref_completed']} | "
+              f"{'-' if not r['rest_starts'] else starts_text(r, 'new') + ', ' + starts_text(r, 'ref')} |")
     if result["only_new"] or result["only_ref"]:
         print(f"left out (no partner): {result['only_new']} episodes only in new, {result['only_ref']} only in ref")
     quality = {name: plan_quality(episodes) for name, episodes in (("new", new), ("ref", ref))}
@@ -188,15 +189,6 @@ def compare_main(args, parser) -> int:
                       "ref": {"report": args.ref, "planner": args.ref_planner or args.planner, **ref_run}}
     _write_report(result, args.json)
     return 0
-
-
-def _starts(row: dict) -> str:
-    """``k/n (p %), k/n (p %)``: the row's starts from rest that got going, new then ref (``-`` when none)."""
-    n = row["rest_starts"]
-    if not n:
-        return "-"
-    return ", ".join(f"{row[f'{side}_rest_starts_ok']}/{n} ({100.0 * row[f'{side}_rest_starts_ok'] / n:.0f} %)"
-                     for side in ("new", "ref"))
 
 
 def plan_quality(episodes: list) -> dict:

@@ -126,6 +126,13 @@ def summarize(scores: Sequence[EpisodeScore], level: float = 0.9, n: int = 2000,
     return {"level": level, "groups": groups, "per_scenario": scenarios, "paired": paired}
 
 
+def starts_text(row: dict[str, Any], side: str) -> str:
+    """``k/n (p %)``: of a ``compare`` row's starts from rest, those that got going on ``side`` (new or ref); ``-``
+    when the row has none."""
+    n, ok = row.get("rest_starts") or 0, row[f"{side}_rest_starts_ok"]
+    return f"{ok}/{n} ({100.0 * ok / n:.0f} %)" if n else "-"
+
+
 def compare(new: Sequence[EpisodeScore], ref: Sequence[EpisodeScore], level: float = 0.9, n: int = 2000,
             seed: int = 0, groups: dict[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """Paired driving-score difference ``new - ref`` over the episodes both runs hold (same mode, scenario and
