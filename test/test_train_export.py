@@ -125,3 +125,20 @@ def test_export_takes_the_plans_final_student_without_a_checkpoint(tmp_path, cap
     plan.write_text(yaml.safe_dump({"root": str(tmp_path / "untrained")}))  # its final student: not run
     assert train_main(["export", "--plan", str(plan), "--out", str(out)]) == 2
     assert "student/cross_scale" in capsys.readouterr().err
+
+
+def test_the_cards_low_speed_stage_names_its_data_and_dagger_scenarios():
+    """The model card's recipe line for tiny_lowspeed.yaml: its new scenarios, the v1 replay, the training-only
+    variants from rest and the DAgger rounds' scenarios, as the plan file has them."""
+    from wamdiff_training.hierarchy import CONFIGS, load_plan
+
+    plan = load_plan(CONFIGS / "tiny_lowspeed.yaml")
+    low = plan.lowspeed
+    text = export.lowspeed_text(plan)
+    assert text.startswith("low-speed continuation at B = 32 from `wamdiff_ros/assets/wamdiff-tiny`")
+    assert f"{low.episodes} expert episodes per scenario of start_clear, start_queue" in text
+    assert f"{low.replay} per scenario of the chain's set (replay)" in text
+    assert f"{low.variants['episodes']} per scenario of all from `training/configs/scenarios_from_rest.yaml`" in text
+    assert f"{low.dagger.rounds} DAgger rounds ({low.dagger.episodes} episodes per scenario of all" in text
+    low.variants = low.dagger_scenarios = None
+    assert "training only" not in export.lowspeed_text(plan) and "per new scenario" in export.lowspeed_text(plan)

@@ -525,7 +525,8 @@ def test_recovery_settings_are_checked(tmp_path):
 
 def test_lowspeed_plan_extends_the_shipped_one_and_continues_the_student(tmp_path, capsys):
     """tiny_lowspeed.yaml: the shipped plan's export settings, its own root and a lowspeed section that starts from the
-    packaged model; its steps export v2 data and the v1 replay, train at the last B, then a DAgger round it drives."""
+    packaged model; its steps export v2 data, the v1 replay and the training-only variants from rest, train at the
+    last B, then DAgger rounds it drives over every v2 scenario."""
     shipped, low = load_plan(CONFIGS / "tiny_hierarchy.yaml"), load_plan(CONFIGS / "tiny_lowspeed.yaml")
     assert (low.route_points, low.format_version, low.batch_size) == (shipped.route_points, shipped.format_version,
                                                                       shipped.batch_size)
@@ -533,10 +534,22 @@ def test_lowspeed_plan_extends_the_shipped_one_and_continues_the_student(tmp_pat
     steps = {s.name: s for s in plan_steps(low)}
     names = [n for n in steps if n.startswith("student/lowspeed")]
     rounds = low.lowspeed.dagger.rounds
-    assert names == ["student/lowspeed/data", "student/lowspeed/replay", "student/lowspeed"] + [
+    assert names == ["student/lowspeed/data", "student/lowspeed/replay", "student/lowspeed/variants",
+                     "student/lowspeed"] + [
         f"student/lowspeed/dagger/r{r:02d}{part}" for r in range(1, rounds + 1) for part in ("/data", "")]
     assert "scenario_file=v2" in steps["student/lowspeed/data"].overrides
     assert f"scenarios={low.scenarios}" in steps["student/lowspeed/replay"].overrides
+    variants = low.lowspeed.variants
+    assert f"scenario_file={variants['scenario_file']}" in steps["student/lowspeed/variants"].overrides
+    from wamdiff_ros.world.scenarios import load_scenarios
+    rest = load_scenarios(variants["scenario_file"])  # training only: v1's roads, the ego at rest
+    assert rest.scenarios and all(spec.ego_speed == 0.0 for spec in rest.scenarios.values())
+    assert "variants/train.json" in steps["student/lowspeed"].overrides[0]  # data.train=[..., the variants']
+    assert "scenarios=all" in steps["student/lowspeed/dagger/r01/data"].overrides  # dagger_scenarios
+    with pytest.raises(ConfigError, match="lowspeed.variants"):
+        LowSpeedPlan(variants={"scenario_file": "v2", "scenarios": "all"})
+    with pytest.raises(ConfigError, match="no such scenario file"):
+        LowSpeedPlan(variants={"scenario_file": str(tmp_path / "none.yaml"), "scenarios": "all", "episodes": 1})
     assert f"model.init={low.lowspeed.init}" in steps["student/lowspeed"].overrides
     assert "adapt.block_size=32" in steps["student/lowspeed/dagger/r01"].overrides
     assert str(final_run(low)).endswith(f"student/lowspeed/dagger/r{rounds:02d}")
@@ -554,7 +567,8 @@ def test_lowspeed_plan_extends_the_shipped_one_and_continues_the_student(tmp_pat
     plan = {"extends": str(CONFIGS / "tiny_lowspeed.yaml"), "root": str(tmp_path / "low"), "batch_size": 2,
             "checkpoint_every": 1, "workers": 1,
             "lowspeed": {"init": "wamdiff_ros/assets/wamdiff-tiny", "scenarios": "start_queue", "episodes": 1,
-                         "replay": 0, "steps": 1, "dagger": {"rounds": 1, "episodes": 1, "steps": 1}}}
+                         "replay": 0, "variants": None, "dagger_scenarios": None, "steps": 1,
+                         "dagger": {"rounds": 1, "episodes": 1, "steps": 1}}}
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
     assert main(["hierarchy", "--plan", str(path), "--only", "student/lowspeed*", "--no-progress"]) == 0

@@ -114,13 +114,19 @@ def lowspeed_text(plan) -> str:
     lr = f", lr {low.lr:g}" if low.lr else ""
     text = (f"low-speed continuation at B = {plan.curriculum[-1]} {start} on scenario set {low.scenario_file}: "
             f"{low.episodes} expert episodes per scenario of {low.scenarios.replace(',', ', ')} and {low.replay} per "
-            f"scenario of the chain's set (replay), {low.steps} steps{lr}")
+            f"scenario of the chain's set (replay)")
+    if low.variants:
+        v = low.variants
+        text += (f", {v['episodes']} per scenario of {v['scenarios'].replace(',', ', ')} from "
+                 f"`{v['scenario_file']}` (training only)")
+    text += f", {low.steps} steps{lr}"
     if low.task_weights:
         text += " (sampling weights " + ", ".join(f"{k} {v:g}" for k, v in low.task_weights.items()) + ")"
     if d is not None:
         shares = ", ".join(f"{d.share(r):g}" for r in range(1, d.rounds + 1))
-        text += (f"; then {d.rounds} DAgger round{'s' if d.rounds > 1 else ''} ({d.episodes} episodes per new "
-                 f"scenario driven by the model so far, expert share {shares}; {d.steps} steps each on all its data)")
+        over = f"scenario of {low.dagger_scenarios.replace(',', ', ')}" if low.dagger_scenarios else "new scenario"
+        text += (f"; then {d.rounds} DAgger round{'s' if d.rounds > 1 else ''} ({d.episodes} episodes per {over} "
+                 f"driven by the model so far, expert share {shares}; {d.steps} steps each on all its data)")
     return text
 
 

@@ -107,12 +107,17 @@ class LowSpeedPlan:
     III run) on its own exports -- ``episodes`` expert episodes per scenario of ``scenarios`` from ``scenario_file``
     and ``replay`` per scenario of the plan's own set (what it drove before, so it keeps it) -- for ``steps``
     steps, then ``dagger`` rounds driven by the model so far over ``scenarios``, each trained on the union so far;
-    ``task_weights`` are added to (or replace) the plan's own for these steps (e.g. ``plan/rest_start``)."""
+    ``task_weights`` are added to (or replace) the plan's own for these steps (e.g. ``plan/rest_start``). Two
+    optional widenings: ``variants`` (``{scenario_file, scenarios, episodes}``) exports training-only scenarios
+    beside them (e.g. the v1 roads from rest), and ``dagger_scenarios`` drives the DAgger rounds over other scenarios
+    of ``scenario_file`` than ``scenarios`` (e.g. ``all``: the v1 ones too, so their own failures are labelled)."""
 
     scenario_file: str = "v2"
     scenarios: str = "start_clear,start_queue,stop_and_go,give_way_stop"
     episodes: int = 40
     replay: int = 10
+    variants: dict | None = None
+    dagger_scenarios: str | None = None
     steps: int = 1000
     lr: float | None = None
     init: str | None = None
@@ -131,6 +136,15 @@ class LowSpeedPlan:
                                                        f"{self}")
         if self.init is not None and not Path(self.init).is_dir():
             raise ConfigError("hierarchy", "lowspeed.init", f"{self.init}: not a checkpoint folder")
+        if self.variants is not None:
+            v = self.variants
+            if not isinstance(v, dict) or set(v) != {"scenario_file", "scenarios", "episodes"} \
+                    or not isinstance(v["episodes"], int) or v["episodes"] < 1:
+                raise ConfigError("hierarchy", "lowspeed.variants", f"expected {{scenario_file, scenarios, episodes "
+                                                                    f">= 1}}, got {v!r}")
+            if not Path(v["scenario_file"]).is_file():
+                raise ConfigError("hierarchy", "lowspeed.variants.scenario_file",
+                                  f"{v['scenario_file']}: no such scenario file")
 
 
 @dataclass(slots=True)
@@ -314,6 +328,12 @@ def lowspeed_steps(plan: HierarchyPlan, base: list[str]) -> list[Step]:
             "scenario_file=", f"scenarios={plan.scenarios}", f"episodes={low.replay}",
             f"seed_offset={LOWSPEED_SEED_OFFSET}"]))
         files.append(root / "replay" / "train.json")
+    if low.variants is not None:
+        v = low.variants
+        steps.append(Step(f"{LOWSPEED}/variants", "world-data", "", root / "variants", 0, [
+            f"scenario_file={v['scenario_file']}", f"scenarios={v['scenarios']}", f"episodes={v['episodes']}",
+            f"seed_offset={LOWSPEED_SEED_OFFSET}"]))
+        files.append(root / "variants" / "train.json")
     lr = [] if low.lr is None else [f"train.lr={low.lr}"]
     start = low.init if low.init is not None else f"@run:{final_chain_run(plan)}"
     steps.append(Step(LOWSPEED, "adapt", "tiny_adapt", root / "run", low.steps, [
@@ -325,7 +345,7 @@ def lowspeed_steps(plan: HierarchyPlan, base: list[str]) -> list[Step]:
         steps.append(Step(f"{LOWSPEED}/dagger/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
             f"driver=@run:{previous}", f"seed_offset={LOWSPEED_SEED_OFFSET + low.episodes + (r - 1) * d.episodes}",
             f"episodes={d.episodes}", f"expert_share={d.share(r)}", f"scenario_file={low.scenario_file}",
-            f"scenarios={low.scenarios}"]))
+            f"scenarios={low.dagger_scenarios or low.scenarios}"]))
         files.append(run_dir / "data" / "train.json")
         round_lr = [f"train.lr={d.lr}"] if d.lr is not None else lr
         steps.append(Step(f"{LOWSPEED}/dagger/r{r:02d}", "adapt", "tiny_adapt", run_dir, d.steps, [
