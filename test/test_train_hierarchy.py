@@ -546,6 +546,13 @@ def test_lowspeed_plan_extends_the_shipped_one_and_continues_the_student(tmp_pat
     assert rest.scenarios and all(spec.ego_speed == 0.0 for spec in rest.scenarios.values())
     assert "variants/train.json" in steps["student/lowspeed"].overrides[0]  # data.train=[..., the variants']
     assert "scenarios=all" in steps["student/lowspeed/dagger/r01/data"].overrides  # dagger_scenarios
+    seeds = {}  # every export's seeds: the DAgger rounds' follow the replay's (both drive v1's scenarios)
+    for name in names:
+        o = dict(x.split("=", 1) for x in steps[name].overrides if "=" in x)
+        if "seed_offset" in o:
+            seeds[name] = range(int(o["seed_offset"]), int(o["seed_offset"]) + int(o["episodes"]))
+    rounds_first = min(seeds[f"student/lowspeed/dagger/r{r:02d}/data"].start for r in range(1, rounds + 1))
+    assert rounds_first >= max(r.stop for n, r in seeds.items() if "dagger" not in n)
     with pytest.raises(ConfigError, match="lowspeed.variants"):
         LowSpeedPlan(variants={"scenario_file": "v2", "scenarios": "all"})
     with pytest.raises(ConfigError, match="no such scenario file"):

@@ -340,10 +340,12 @@ def lowspeed_steps(plan: HierarchyPlan, base: list[str]) -> list[Step]:
         _union(files), *base, *lr, f"model.init={start}", f"adapt.block_size={big}"]))
     previous = root / "run"
     d = low.dagger
+    # the rounds' episodes follow every expert export's (their scenarios may overlap: DAgger over v1's and the replay)
+    first = LOWSPEED_SEED_OFFSET + max(low.episodes, low.replay, low.variants["episodes"] if low.variants else 0)
     for r in range(1, (d.rounds if d is not None else 0) + 1):
         run_dir = root / "dagger" / f"r{r:02d}"
         steps.append(Step(f"{LOWSPEED}/dagger/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [
-            f"driver=@run:{previous}", f"seed_offset={LOWSPEED_SEED_OFFSET + low.episodes + (r - 1) * d.episodes}",
+            f"driver=@run:{previous}", f"seed_offset={first + (r - 1) * d.episodes}",
             f"episodes={d.episodes}", f"expert_share={d.share(r)}", f"scenario_file={low.scenario_file}",
             f"scenarios={low.dagger_scenarios or low.scenarios}"]))
         files.append(run_dir / "data" / "train.json")
