@@ -128,11 +128,11 @@ def test_export_takes_the_plans_final_student_without_a_checkpoint(tmp_path, cap
 
 
 def test_the_cards_low_speed_stage_names_its_data_and_dagger_scenarios():
-    """The model card's recipe line for tiny_lowspeed.yaml: its new scenarios, the v1 replay, the training-only
-    variants from rest and the DAgger rounds' scenarios, as the plan file has them."""
+    """The model card's recipe line for a low-speed plan (tiny_lowspeed_wide.yaml, the fullest): its new scenarios,
+    the v1 replay, the training-only variants from rest and the DAgger rounds' scenarios, as the plan file has them."""
     from wamdiff_training.hierarchy import CONFIGS, load_plan
 
-    plan = load_plan(CONFIGS / "tiny_lowspeed.yaml")
+    plan = load_plan(CONFIGS / "tiny_lowspeed_wide.yaml")
     low = plan.lowspeed
     text = export.lowspeed_text(plan)
     assert text.startswith("low-speed continuation at B = 32 from `wamdiff_ros/assets/wamdiff-tiny`")

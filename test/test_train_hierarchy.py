@@ -183,7 +183,7 @@ def test_a_plan_that_is_not_a_yaml_mapping_is_refused_with_its_file_named(tmp_pa
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in [*CONFIGS.glob("tiny_hierarchy*.yaml"),
-                                                         CONFIGS / "tiny_lowspeed.yaml"]))
+                                                         *CONFIGS.glob("tiny_lowspeed*.yaml")]))
 def test_shipped_plans_load_and_every_step_makes_a_valid_config(name):
     plan = load_plan(CONFIGS / name)
     steps = plan_steps(plan)
@@ -525,8 +525,9 @@ def test_recovery_settings_are_checked(tmp_path):
 
 def test_lowspeed_plan_extends_the_shipped_one_and_continues_the_student(tmp_path, capsys):
     """tiny_lowspeed.yaml: the shipped plan's export settings, its own root and a lowspeed section that starts from the
-    packaged model; its steps export v2 data, the v1 replay and the training-only variants from rest, train at the
-    last B, then DAgger rounds it drives over every v2 scenario."""
+    packaged model; its steps export v2 data and the v1 replay, train at the last B, then DAgger rounds it drives.
+    tiny_lowspeed_wide.yaml (the recipe tried second) adds the training-only variants from rest and drives its DAgger
+    rounds over every v2 scenario, its seeds after the replay's."""
     shipped, low = load_plan(CONFIGS / "tiny_hierarchy.yaml"), load_plan(CONFIGS / "tiny_lowspeed.yaml")
     assert (low.route_points, low.format_version, low.batch_size) == (shipped.route_points, shipped.format_version,
                                                                       shipped.batch_size)
@@ -534,12 +535,21 @@ def test_lowspeed_plan_extends_the_shipped_one_and_continues_the_student(tmp_pat
     steps = {s.name: s for s in plan_steps(low)}
     names = [n for n in steps if n.startswith("student/lowspeed")]
     rounds = low.lowspeed.dagger.rounds
-    assert names == ["student/lowspeed/data", "student/lowspeed/replay", "student/lowspeed/variants",
-                     "student/lowspeed"] + [
+    assert names == ["student/lowspeed/data", "student/lowspeed/replay", "student/lowspeed"] + [
         f"student/lowspeed/dagger/r{r:02d}{part}" for r in range(1, rounds + 1) for part in ("/data", "")]
     assert "scenario_file=v2" in steps["student/lowspeed/data"].overrides
     assert f"scenarios={low.scenarios}" in steps["student/lowspeed/replay"].overrides
-    variants = low.lowspeed.variants
+    assert f"scenarios={low.lowspeed.scenarios}" in steps["student/lowspeed/dagger/r01/data"].overrides
+
+    wide = load_plan(CONFIGS / "tiny_lowspeed_wide.yaml")
+    assert wide.root != low.root and wide.lowspeed.init == low.lowspeed.init
+    steps = {s.name: s for s in plan_steps(wide)}
+    names = [n for n in steps if n.startswith("student/lowspeed")]
+    rounds = wide.lowspeed.dagger.rounds
+    assert names == ["student/lowspeed/data", "student/lowspeed/replay", "student/lowspeed/variants",
+                     "student/lowspeed"] + [
+        f"student/lowspeed/dagger/r{r:02d}{part}" for r in range(1, rounds + 1) for part in ("/data", "")]
+    variants = wide.lowspeed.variants
     assert f"scenario_file={variants['scenario_file']}" in steps["student/lowspeed/variants"].overrides
     from wamdiff_ros.world.scenarios import load_scenarios
     rest = load_scenarios(variants["scenario_file"])  # training only: v1's roads, the ego at rest
@@ -553,6 +563,9 @@ def test_lowspeed_plan_extends_the_shipped_one_and_continues_the_student(tmp_pat
             seeds[name] = range(int(o["seed_offset"]), int(o["seed_offset"]) + int(o["episodes"]))
     rounds_first = min(seeds[f"student/lowspeed/dagger/r{r:02d}/data"].start for r in range(1, rounds + 1))
     assert rounds_first >= max(r.stop for n, r in seeds.items() if "dagger" not in n)
+
+    steps = {s.name: s for s in plan_steps(low)}
+    rounds = low.lowspeed.dagger.rounds
     with pytest.raises(ConfigError, match="lowspeed.variants"):
         LowSpeedPlan(variants={"scenario_file": "v2", "scenarios": "all"})
     with pytest.raises(ConfigError, match="no such scenario file"):
