@@ -138,7 +138,7 @@ def test_the_cards_low_speed_stage_names_its_data_and_dagger_scenarios():
     assert text.startswith("low-speed continuation at B = 32 from `wamdiff_ros/assets/wamdiff-tiny`")
     assert f"{low.episodes} expert episodes per scenario of start_clear, start_queue" in text
     assert f"{low.replay} per scenario of the chain's set (replay)" in text
-    assert f"{low.variants['episodes']} per scenario of all from `training/configs/scenarios_from_rest.yaml`" in text
+    assert f"{low.variants.episodes} per scenario of all from `training/configs/scenarios_from_rest.yaml`" in text
     assert f"{low.dagger.rounds} DAgger rounds ({low.dagger.episodes} episodes per scenario of all" in text
     low.variants = low.dagger_scenarios = None
     assert "training only" not in export.lowspeed_text(plan) and "per new scenario" in export.lowspeed_text(plan)

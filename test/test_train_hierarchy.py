@@ -550,9 +550,9 @@ def test_lowspeed_plan_extends_the_shipped_one_and_continues_the_student(tmp_pat
                      "student/lowspeed"] + [
         f"student/lowspeed/dagger/r{r:02d}{part}" for r in range(1, rounds + 1) for part in ("/data", "")]
     variants = wide.lowspeed.variants
-    assert f"scenario_file={variants['scenario_file']}" in steps["student/lowspeed/variants"].overrides
+    assert f"scenario_file={variants.scenario_file}" in steps["student/lowspeed/variants"].overrides
     from wamdiff_ros.world.scenarios import load_scenarios
-    rest = load_scenarios(variants["scenario_file"])  # training only: v1's roads, the ego at rest
+    rest = load_scenarios(variants.scenario_file)  # training only: v1's roads, the ego at rest
     assert rest.scenarios and all(spec.ego_speed == 0.0 for spec in rest.scenarios.values())
     assert "variants/train.json" in steps["student/lowspeed"].overrides[0]  # data.train=[..., the variants']
     assert "scenarios=all" in steps["student/lowspeed/dagger/r01/data"].overrides  # dagger_scenarios
@@ -566,10 +566,15 @@ def test_lowspeed_plan_extends_the_shipped_one_and_continues_the_student(tmp_pat
 
     steps = {s.name: s for s in plan_steps(low)}
     rounds = low.lowspeed.dagger.rounds
-    with pytest.raises(ConfigError, match="lowspeed.variants"):
-        LowSpeedPlan(variants={"scenario_file": "v2", "scenarios": "all"})
-    with pytest.raises(ConfigError, match="no such scenario file"):
-        LowSpeedPlan(variants={"scenario_file": str(tmp_path / "none.yaml"), "scenarios": "all", "episodes": 1})
+    assert LowSpeedPlan(variants={"scenario_file": "v1", "scenarios": "merge"}).variants.episodes == 20  # frozen
+    with pytest.raises(ConfigError, match="lowspeed.variants.count"):
+        LowSpeedPlan(variants={"scenario_file": "v2", "count": 3})
+    with pytest.raises(ConfigError, match="lowspeed.variants.episodes"):
+        LowSpeedPlan(variants={"scenario_file": "v2", "episodes": 0})
+    with pytest.raises(ConfigError, match="none.yaml: cannot read the scenario file"):
+        LowSpeedPlan(variants={"scenario_file": str(tmp_path / "none.yaml")})
+    with pytest.raises(ConfigError, match="no scenario 'nowhere'"):
+        LowSpeedPlan(variants={"scenario_file": "v2", "scenarios": "start_clear,nowhere"})
     assert f"model.init={low.lowspeed.init}" in steps["student/lowspeed"].overrides
     assert "adapt.block_size=32" in steps["student/lowspeed/dagger/r01"].overrides
     assert str(final_run(low)).endswith(f"student/lowspeed/dagger/r{rounds:02d}")

@@ -117,8 +117,8 @@ def lowspeed_text(plan) -> str:
             f"scenario of the chain's set (replay)")
     if low.variants:
         v = low.variants
-        text += (f", {v['episodes']} per scenario of {v['scenarios'].replace(',', ', ')} from "
-                 f"`{v['scenario_file']}` (training only)")
+        text += (f", {v.episodes} per scenario of {v.scenarios.replace(',', ', ')} from `{v.scenario_file}` "
+                 "(training only)")
     text += f", {low.steps} steps{lr}"
     if low.task_weights:
         text += " (sampling weights " + ", ".join(f"{k} {v:g}" for k, v in low.task_weights.items()) + ")"

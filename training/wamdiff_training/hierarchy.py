@@ -96,6 +96,30 @@ class RecoveryPlan:
             raise ConfigError("hierarchy", "recoveries", f"samples must be >= 1 and weight >= 0; got {self}")
 
 
+@dataclass(slots=True)
+class VariantsPlan:
+    """Training-only expert exports beside the low-speed data (``lowspeed.variants``): ``episodes`` per scenario of
+    ``scenarios`` (names or ``all``) from ``scenario_file`` (a file, or a frozen set's name such as ``v1``)."""
+
+    scenario_file: str
+    scenarios: str = "all"
+    episodes: int = 20
+
+    def __post_init__(self) -> None:
+        from wamdiff_ros.world.scenarios import ScenarioError, load_scenarios
+
+        if not isinstance(self.episodes, int) or self.episodes < 1:
+            raise ConfigError("hierarchy", "lowspeed.variants.episodes",
+                              f"must be an integer >= 1; got {self.episodes}")
+        try:
+            known = load_scenarios(self.scenario_file)
+            if self.scenarios != "all":
+                for name in self.scenarios.split(","):
+                    known.get(name.strip())
+        except ScenarioError as exc:
+            raise ConfigError("hierarchy", "lowspeed.variants", str(exc)) from exc
+
+
 LOWSPEED = "student/lowspeed"
 LOWSPEED_SEED_OFFSET = 100_000  # its exports' first training episode: clear of the chain's own and its DAgger rounds'
 
@@ -108,15 +132,15 @@ class LowSpeedPlan:
     and ``replay`` per scenario of the plan's own set (what it drove before, so it keeps it) -- for ``steps``
     steps, then ``dagger`` rounds driven by the model so far over ``scenarios``, each trained on the union so far;
     ``task_weights`` are added to (or replace) the plan's own for these steps (e.g. ``plan/rest_start``). Two
-    optional widenings: ``variants`` (``{scenario_file, scenarios, episodes}``) exports training-only scenarios
-    beside them (e.g. the v1 roads from rest), and ``dagger_scenarios`` drives the DAgger rounds over other scenarios
-    of ``scenario_file`` than ``scenarios`` (e.g. ``all``: the v1 ones too, so their own failures are labelled)."""
+    optional widenings: ``variants`` (a ``VariantsPlan``) exports training-only scenarios beside them (e.g. the v1
+    roads from rest), and ``dagger_scenarios`` drives the DAgger rounds over other scenarios of ``scenario_file``
+    than ``scenarios`` (e.g. ``all``: the v1 ones too, so their own failures are labelled)."""
 
     scenario_file: str = "v2"
     scenarios: str = "start_clear,start_queue,stop_and_go,give_way_stop"
     episodes: int = 40
     replay: int = 10
-    variants: dict | None = None
+    variants: VariantsPlan | dict | None = None
     dagger_scenarios: str | None = None
     steps: int = 1000
     lr: float | None = None
@@ -127,6 +151,8 @@ class LowSpeedPlan:
     def __post_init__(self) -> None:
         if isinstance(self.dagger, dict):
             self.dagger = _section(DaggerPlan, self.dagger, "lowspeed.dagger", "hierarchy")
+        if isinstance(self.variants, dict):
+            self.variants = _section(VariantsPlan, self.variants, "lowspeed.variants", "hierarchy")
         if self.task_weights is not None and (not isinstance(self.task_weights, dict) or not all(
                 isinstance(v, (int, float)) and v >= 0 for v in self.task_weights.values())):
             raise ConfigError("hierarchy", "lowspeed.task_weights", f"expected group: weight >= 0, got "
@@ -136,15 +162,6 @@ class LowSpeedPlan:
                                                        f"{self}")
         if self.init is not None and not Path(self.init).is_dir():
             raise ConfigError("hierarchy", "lowspeed.init", f"{self.init}: not a checkpoint folder")
-        if self.variants is not None:
-            v = self.variants
-            if not isinstance(v, dict) or set(v) != {"scenario_file", "scenarios", "episodes"} \
-                    or not isinstance(v["episodes"], int) or v["episodes"] < 1:
-                raise ConfigError("hierarchy", "lowspeed.variants", f"expected {{scenario_file, scenarios, episodes "
-                                                                    f">= 1}}, got {v!r}")
-            if not Path(v["scenario_file"]).is_file():
-                raise ConfigError("hierarchy", "lowspeed.variants.scenario_file",
-                                  f"{v['scenario_file']}: no such scenario file")
 
 
 @dataclass(slots=True)
@@ -331,7 +348,7 @@ def lowspeed_steps(plan: HierarchyPlan, base: list[str]) -> list[Step]:
     if low.variants is not None:
         v = low.variants
         steps.append(Step(f"{LOWSPEED}/variants", "world-data", "", root / "variants", 0, [
-            f"scenario_file={v['scenario_file']}", f"scenarios={v['scenarios']}", f"episodes={v['episodes']}",
+            f"scenario_file={v.scenario_file}", f"scenarios={v.scenarios}", f"episodes={v.episodes}",
             f"seed_offset={LOWSPEED_SEED_OFFSET}"]))
         files.append(root / "variants" / "train.json")
     lr = [] if low.lr is None else [f"train.lr={low.lr}"]
@@ -341,7 +358,7 @@ def lowspeed_steps(plan: HierarchyPlan, base: list[str]) -> list[Step]:
     previous = root / "run"
     d = low.dagger
     # the rounds' episodes follow every expert export's (their scenarios may overlap: DAgger over v1's and the replay)
-    first = LOWSPEED_SEED_OFFSET + max(low.episodes, low.replay, low.variants["episodes"] if low.variants else 0)
+    first = LOWSPEED_SEED_OFFSET + max(low.episodes, low.replay, low.variants.episodes if low.variants else 0)
     for r in range(1, (d.rounds if d is not None else 0) + 1):
         run_dir = root / "dagger" / f"r{r:02d}"
         steps.append(Step(f"{LOWSPEED}/dagger/r{r:02d}/data", "dagger-data", "", run_dir / "data", 0, [

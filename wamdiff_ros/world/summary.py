@@ -139,8 +139,8 @@ def compare(new: Sequence[EpisodeScore], ref: Sequence[EpisodeScore], level: flo
     seed): a row per mode and scenario, a row per mode for each of ``groups`` (name -> scenarios pooled, e.g. the v1
     scenarios of a v2 run) and a row per mode over all of them (scenario ``"all"``), each with both means, the
     difference with its bootstrap CI at ``level`` (and each mean's own), the collisions per episode, the completed
-    routes and the starts from rest (episodes that start at rest, and those that got going on each side); plus how many episodes only one
-    side holds (left out)."""
+    routes and the starts from rest (episodes that start at rest, and those that got going on each side); plus how
+    many episodes only one side holds (left out)."""
     a = {(s.mode, s.scenario, s.seed): s for s in new}
     b = {(s.mode, s.scenario, s.seed): s for s in ref}
     keys = sorted(a.keys() & b.keys())
